@@ -1,0 +1,90 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Stats serves Prometheus metrics on :15020 at /metrics and, for scrapers
+// configured for Envoy-style proxies, /stats/prometheus.
+type Stats struct{ http *httpServer }
+
+// NewStats serves g on addr.
+func NewStats(addr string, g prometheus.Gatherer, log *slog.Logger) *Stats {
+	h := promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: promLogger{orDiscard(log)}})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	mux.Handle("/stats/prometheus", h)
+	return &Stats{http: newHTTPServer("stats", addr, mux, orDiscard(log))}
+}
+
+func (s *Stats) Start() error                       { return s.http.start() }
+func (s *Stats) Addr() net.Addr                     { return s.http.addr() }
+func (s *Stats) Shutdown(ctx context.Context) error { return s.http.shutdown(ctx) }
+
+type promLogger struct{ l *slog.Logger }
+
+func (p promLogger) Println(v ...any) { p.l.Warn("metrics: " + strings.TrimSpace(fmt.Sprintln(v...))) }
+
+// Readiness serves /healthz/ready on :15021: 200 once every registered
+// condition is met, otherwise 503 naming what is still missing.
+type Readiness struct {
+	http *httpServer
+
+	mu      sync.Mutex
+	pending map[string]bool // condition → still pending; guarded by mu
+}
+
+// NewReadiness serves readiness on addr.
+func NewReadiness(addr string, log *slog.Logger) *Readiness {
+	r := &Readiness{pending: map[string]bool{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz/ready", r.handle)
+	r.http = newHTTPServer("readiness", addr, mux, orDiscard(log))
+	return r
+}
+
+// Register adds a condition that must be marked done before the process is
+// ready, and returns the function that marks it (safe to call twice).
+func (r *Readiness) Register(name string) (done func()) {
+	r.mu.Lock()
+	r.pending[name] = true
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		delete(r.pending, name)
+		r.mu.Unlock()
+	}
+}
+
+// Pending lists conditions not yet met, sorted.
+func (r *Readiness) Pending() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return sortedKeys(r.pending)
+}
+
+func (r *Readiness) handle(w http.ResponseWriter, req *http.Request) {
+	if !getOnly(w, req) {
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if p := r.Pending(); len(p) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: waiting for %s\n", strings.Join(p, ", "))
+		return
+	}
+	fmt.Fprint(w, "ready\n")
+}
+
+func (r *Readiness) Start() error                       { return r.http.start() }
+func (r *Readiness) Addr() net.Addr                     { return r.http.addr() }
+func (r *Readiness) Shutdown(ctx context.Context) error { return r.http.shutdown(ctx) }

@@ -1,0 +1,22 @@
+// Package config turns the process environment into a typed Config.
+//
+// Variable names, accepted values and defaults follow upstream ztunnel so an
+// existing DaemonSet's env works unchanged. A bad value is a start-up error
+// that names the variable, the value and what is accepted; nothing is
+// silently defaulted.
+//
+// Read (upstream names): XDS_ADDRESS, XDS_ROOT_CA, CA_ADDRESS, CA_ROOT_CA,
+// AUTH_TOKEN, FAKE_CA, LOCAL_XDS_PATH, LOCAL_XDS, XDS_ON_DEMAND, PROXY_MODE,
+// PROXY_WORKLOAD_INFO, INPOD_UDS, INPOD_PORT_REUSE, PACKET_MARK, NODE_NAME,
+// CLUSTER_ID (or ISTIO_META_CLUSTER_ID), CLUSTER_DOMAIN, NETWORK,
+// POOL_MAX_STREAMS_PER_CONNECTION, POOL_UNUSED_RELEASE_TIMEOUT,
+// HTTP2_STREAM_WINDOW_SIZE, HTTP2_CONNECTION_WINDOW_SIZE, HTTP2_FRAME_SIZE,
+// SECRET_TTL, TERMINATION_GRACE_PERIOD_SECONDS,
+// CONNECTION_TERMINATION_DEADLINE, POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT,
+// TRUST_DOMAIN, ISTIO_META_*, XDS_HEADER_*, CA_HEADER_*, KUBERNETES_SERVICE_HOST.
+//
+// Read (this project's extensions): LOCAL_CA_DIR (Istio plug-in CA files for
+// the built-in CA), ADMIN_ADDR, STATS_ADDR, READINESS_ADDR (listen
+// addresses; defaults 127.0.0.1:15000, [::]:15020, [::]:15021), LOG_LEVEL,
+// LOG_FORMAT.
+package config

@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// Buffer sizes for copying between a TCP socket and an HBONE stream. An idle
+// or chatty connection holds only a small buffer per direction; a direction
+// whose reads keep filling the buffer is moved to a large one, which is what
+// bulk transfers need to amortise per-write costs over TLS and HTTP/2.
+const (
+	smallBuf = 4 << 10
+	largeBuf = 256 << 10
+	// fullReadsToGrow is how many consecutive full reads mark a direction as
+	// bulk; one full read happens to chatty protocols too.
+	fullReadsToGrow = 4
+)
+
+var (
+	smallPool = sync.Pool{New: func() any { b := make([]byte, smallBuf); return &b }}
+	largePool = sync.Pool{New: func() any { b := make([]byte, largeBuf); return &b }}
+)
+
+// closeWriter is a connection that can end its write side while still
+// reading (TCP FIN, HTTP/2 END_STREAM).
+type closeWriter interface {
+	CloseWrite() error
+}
+
+// pipe copies down→up and up→down until both directions end. A clean EOF in
+// one direction is passed on as a half-close, so protocols that shut down
+// their write side first keep working. An error in either direction (reset,
+// timeout, closed by a drain) aborts both. counts is updated as bytes move
+// so a live connection's totals can be read while it runs.
+func pipe(down, up net.Conn, counts *counters) error {
+	errc := make(chan error, 1)
+	go func() {
+		errc <- copyDir(up, down, &counts.received)
+	}()
+	err := copyDir(down, up, &counts.sent)
+	if err != nil {
+		// Unblock the other direction at once.
+		abort(down, up)
+		<-errc
+		return err
+	}
+	if err2 := <-errc; err2 != nil {
+		abort(down, up)
+		return err2
+	}
+	return nil
+}
+
+// copyDir copies src → dst and half-closes dst at EOF.
+func copyDir(dst, src net.Conn, n *atomic.Int64) error {
+	var err error
+	if dt, ok := dst.(*net.TCPConn); ok {
+		if st, ok := src.(*net.TCPConn); ok {
+			// TCP to TCP: let the runtime splice in the kernel.
+			var w int64
+			w, err = dt.ReadFrom(st)
+			n.Add(w)
+			return finish(dst, err)
+		}
+	}
+	return finish(dst, copyBuffered(dst, src, n))
+}
+
+func finish(dst net.Conn, err error) error {
+	if err != nil {
+		return err
+	}
+	if cw, ok := dst.(closeWriter); ok {
+		if err := cw.CloseWrite(); err != nil && !isClosed(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyBuffered(dst io.Writer, src io.Reader, n *atomic.Int64) error {
+	bp := smallPool.Get().(*[]byte)
+	large := false
+	defer func() {
+		if large {
+			largePool.Put(bp)
+		} else {
+			smallPool.Put(bp)
+		}
+	}()
+	full := 0
+	for {
+		buf := *bp
+		nr, rerr := src.Read(buf)
+		if nr > 0 {
+			nw, werr := dst.Write(buf[:nr])
+			n.Add(int64(nw))
+			if werr != nil {
+				return werr
+			}
+			if nw != nr {
+				return io.ErrShortWrite
+			}
+			if nr == len(buf) && !large {
+				if full++; full >= fullReadsToGrow {
+					smallPool.Put(bp)
+					bp = largePool.Get().(*[]byte)
+					large = true
+				}
+			} else {
+				full = 0
+			}
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				return nil
+			}
+			return rerr
+		}
+	}
+}
+
+// abort closes both ends; a TCP end is reset (linger 0) so the peer learns
+// the connection failed rather than seeing a clean close.
+func abort(conns ...net.Conn) {
+	for _, c := range conns {
+		if t, ok := c.(interface{ SetLinger(int) error }); ok {
+			t.SetLinger(0)
+		}
+		c.Close()
+	}
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ENOTCONN) || errors.Is(err, io.ErrClosedPipe)
+}

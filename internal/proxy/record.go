@@ -1,0 +1,186 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// counters are a live connection's byte totals, in upstream's (and Istio's)
+// sense: received is what the client sent (downstream → upstream), sent is
+// what went back (upstream → downstream).
+type counters struct {
+	received atomic.Int64
+	sent     atomic.Int64
+}
+
+// record accounts for one proxied connection: exactly one "opened" and one
+// "closed" metric update and one access log line, whatever path it ends on.
+// Use: rec := p.newRecord(...); defer rec.done(&err).
+type record struct {
+	m      *Metrics
+	log    *slog.Logger
+	start  time.Time
+	labels TrafficLabels
+	values []string
+
+	direction string // "outbound" | "inbound"
+	src, dst  netip.AddrPort
+	hbone     string // HBONE target address, "" for plain TCP
+
+	counts counters
+	opened bool
+}
+
+func newRecord(m *Metrics, log *slog.Logger, direction string, src, dst netip.AddrPort) *record {
+	return &record{m: m, log: log, start: time.Now(), direction: direction, src: src, dst: dst}
+}
+
+// open marks the connection established with its final labels.
+func (r *record) open(l TrafficLabels) {
+	r.labels = l
+	r.values = l.values()
+	r.opened = true
+	r.m.opened.WithLabelValues(r.values...).Inc()
+}
+
+// done folds the byte counts into the metrics and writes the access log.
+// A connection that never opened counts as failed.
+func (r *record) done(errp *error) {
+	var err error
+	if errp != nil {
+		err = *errp
+	}
+	recv, sent := r.counts.received.Load(), r.counts.sent.Load()
+	if r.opened {
+		r.m.closed.WithLabelValues(r.values...).Inc()
+		if recv > 0 {
+			r.m.received.WithLabelValues(r.values...).Add(float64(recv))
+		}
+		if sent > 0 {
+			r.m.sent.WithLabelValues(r.values...).Add(float64(sent))
+		}
+	} else {
+		if r.values == nil {
+			r.values = r.labels.values()
+		}
+		r.m.failed.WithLabelValues(r.values...).Inc()
+	}
+	if !r.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("src.addr", r.src.String()),
+		slog.String("src.workload", r.labels.SourceWorkload),
+		slog.String("src.namespace", r.labels.SourceNamespace),
+		slog.String("src.identity", r.labels.SourcePrincipal),
+		slog.String("dst.addr", r.dst.String()),
+	}
+	if r.hbone != "" {
+		attrs = append(attrs, slog.String("dst.hbone_addr", r.hbone))
+	}
+	attrs = append(attrs,
+		slog.String("dst.service", r.labels.DestinationService),
+		slog.String("dst.workload", r.labels.DestinationWorkload),
+		slog.String("dst.namespace", r.labels.DestinationNamespace),
+		slog.String("dst.identity", r.labels.DestinationPrincipal),
+		slog.String("direction", r.direction),
+		slog.Int64("bytes_sent", sent),
+		slog.Int64("bytes_recv", recv),
+		slog.Duration("duration", time.Since(r.start).Round(time.Microsecond)),
+	)
+	level := slog.LevelInfo
+	if err != nil && !isBenign(err) {
+		level = slog.LevelWarn
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	r.log.LogAttrs(context.Background(), level, "connection complete", attrs...)
+}
+
+// isBenign reports errors that are the normal end of a connection.
+func isBenign(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, context.Canceled)
+}
+
+// tracked is a live connection the tracker can close: on drain, or when a
+// policy change now denies it.
+type tracked struct {
+	close func()
+	// recheck reports whether the connection is still allowed; nil means
+	// policy does not apply (outbound).
+	recheck func() bool
+}
+
+// tracker holds every live proxied connection of one proxy instance.
+type tracker struct {
+	mu    sync.Mutex
+	conns map[*tracked]struct{} // guarded by mu
+	wg    sync.WaitGroup
+}
+
+func newTracker() *tracker { return &tracker{conns: map[*tracked]struct{}{}} }
+
+func (t *tracker) add(c *tracked) func() {
+	t.mu.Lock()
+	t.conns[c] = struct{}{}
+	t.wg.Add(1)
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		if _, ok := t.conns[c]; ok {
+			delete(t.conns, c)
+			t.wg.Done()
+		}
+		t.mu.Unlock()
+	}
+}
+
+func (t *tracker) snapshot() []*tracked {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*tracked, 0, len(t.conns))
+	for c := range t.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+// len is the number of live connections.
+func (t *tracker) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.conns)
+}
+
+// reevaluate closes every connection whose policy check now fails and
+// returns how many it closed.
+func (t *tracker) reevaluate() int {
+	n := 0
+	for _, c := range t.snapshot() {
+		if c.recheck != nil && !c.recheck() {
+			c.close()
+			n++
+		}
+	}
+	return n
+}
+
+// drain waits for connections to finish until ctx ends, then closes the rest.
+func (t *tracker) drain(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { t.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	for _, c := range t.snapshot() {
+		c.close()
+	}
+	<-done
+}

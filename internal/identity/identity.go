@@ -1,7 +1,9 @@
 package identity
 
 import (
+	"crypto/x509"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -51,4 +53,43 @@ func Parse(s string) (Identity, error) {
 		return Identity{}, fmt.Errorf("identity: parse %q: path must be /ns/<namespace>/sa/<service account>", s)
 	}
 	return Identity{TrustDomain: sid.TrustDomain().Name(), Namespace: parts[1], ServiceAccount: parts[3]}, nil
+}
+
+// URL returns the SPIFFE URI as a *url.URL, the form x509 SANs take.
+func (id Identity) URL() *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: id.TrustDomain, Path: "/ns/" + id.Namespace + "/sa/" + id.ServiceAccount}
+}
+
+// identitiesOf returns every Istio SPIFFE id among c's URI SANs, in
+// certificate order. Other URI SANs are ignored.
+func identitiesOf(c *x509.Certificate) []Identity {
+	var ids []Identity
+	for _, u := range c.URIs {
+		if u == nil || u.Scheme != "spiffe" {
+			continue
+		}
+		if id, err := Parse(u.String()); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// FromCertificate returns the first Istio SPIFFE id in c's URI SANs.
+func FromCertificate(c *x509.Certificate) (Identity, error) {
+	if c == nil {
+		return Identity{}, fmt.Errorf("identity: certificate: %w", ErrNoSPIFFEID)
+	}
+	ids := identitiesOf(c)
+	if len(ids) == 0 {
+		return Identity{}, fmt.Errorf("identity: certificate %s: %w", serialHex(c), ErrNoSPIFFEID)
+	}
+	return ids[0], nil
+}
+
+func serialHex(c *x509.Certificate) string {
+	if c.SerialNumber == nil {
+		return "serial <none>"
+	}
+	return "serial " + c.SerialNumber.Text(16)
 }

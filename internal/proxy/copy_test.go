@@ -116,4 +116,3 @@ func TestPipeResetPropagates(t *testing.T) {
 		t.Fatalf("client read err = %v, want a reset", err)
 	}
 }
-

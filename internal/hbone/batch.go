@@ -1,0 +1,120 @@
+package hbone
+
+import (
+	"crypto/tls"
+	"net"
+	"sync"
+)
+
+// crypto/tls writes each record (at most 16 KiB of payload) with its own
+// write syscall, so one 256 KiB DATA frame costs 16 syscalls while plain
+// TCP needs one. batchConn sits under the tls.Conn and, only for the
+// duration of a large tls.Conn.Write, gathers the records into one buffer
+// written with few syscalls. Small writes (interactive traffic) and writes
+// crypto/tls makes on its own (alerts, key updates) pass straight through,
+// so nothing waits in the buffer.
+const (
+	// batchMinWrite: below this a Write makes at most two records; gathering
+	// them would save one syscall at the cost of a copy.
+	batchMinWrite = 32 << 10
+	// batchBufSize: 16 records with their overhead; larger buffers gain
+	// little on loopback (measured) and cost memory while a write runs.
+	batchBufSize = 16 * (16<<10 + 64)
+)
+
+// batchBufs holds gather buffers between writes, so an idle connection
+// owns none.
+var batchBufs = sync.Pool{New: func() any { b := make([]byte, 0, batchBufSize); return &b }}
+
+// batchConn is the raw connection under a tls.Conn.
+type batchConn struct {
+	net.Conn
+
+	mu    sync.Mutex
+	depth int     // guarded by mu: batching Writes in progress
+	buf   *[]byte // guarded by mu: non-nil while depth > 0
+}
+
+func (c *batchConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.depth == 0 {
+		return c.Conn.Write(p)
+	}
+	b := *c.buf
+	if len(b)+len(p) > cap(b) {
+		if err := c.flushLocked(); err != nil {
+			return 0, err
+		}
+		b = *c.buf
+		if len(p) > cap(b) {
+			return c.Conn.Write(p)
+		}
+	}
+	*c.buf = append(b, p...)
+	return len(p), nil
+}
+
+func (c *batchConn) begin() {
+	c.mu.Lock()
+	if c.depth == 0 {
+		c.buf = batchBufs.Get().(*[]byte)
+	}
+	c.depth++
+	c.mu.Unlock()
+}
+
+func (c *batchConn) end() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := c.flushLocked()
+	c.depth--
+	if c.depth == 0 {
+		*c.buf = (*c.buf)[:0]
+		batchBufs.Put(c.buf)
+		c.buf = nil
+	}
+	return err
+}
+
+func (c *batchConn) flushLocked() error {
+	b := *c.buf
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(b)
+	*c.buf = b[:0]
+	return err
+}
+
+// batchTLS is the tls.Conn handed to x/net: large Writes are gathered by
+// its batchConn. It embeds *tls.Conn so x/net still finds ConnectionState.
+type batchTLS struct {
+	*tls.Conn
+	raw *batchConn
+}
+
+func newBatchTLS(raw net.Conn, client bool, cfg *tls.Config) *batchTLS {
+	bc := &batchConn{Conn: raw}
+	var tc *tls.Conn
+	if client {
+		tc = tls.Client(bc, cfg)
+	} else {
+		tc = tls.Server(bc, cfg)
+	}
+	return &batchTLS{Conn: tc, raw: bc}
+}
+
+func (c *batchTLS) Write(p []byte) (int, error) {
+	if len(p) < batchMinWrite {
+		return c.Conn.Write(p)
+	}
+	c.raw.begin()
+	n, err := c.Conn.Write(p)
+	if ferr := c.raw.end(); err == nil && ferr != nil {
+		// The records are encrypted and counted as written, but did not
+		// reach the socket: the connection is broken either way.
+		err = ferr
+	}
+	return n, err
+}

@@ -1,0 +1,365 @@
+package hbone
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// holdHandler accepts and keeps the stream until the client ends it,
+// tracking the most streams seen at once per TCP connection.
+type holdHandler struct {
+	mu     sync.Mutex
+	active map[string]int
+	peak   int
+}
+
+func (h *holdHandler) handle(ctx context.Context, req *Request) {
+	conn := req.RemoteAddr.String()
+	h.mu.Lock()
+	if h.active == nil {
+		h.active = map[string]int{}
+	}
+	h.active[conn]++
+	h.peak = max(h.peak, h.active[conn])
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.active[conn]--
+		h.mu.Unlock()
+	}()
+	st, err := req.Accept(nil)
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	io.Copy(io.Discard, st)
+}
+
+func TestPoolStreamLimits(t *testing.T) {
+	tests := []struct {
+		name      string
+		streams   int
+		perConn   int // PoolOptions.MaxStreamsPerConn
+		serverMax int // ServerOptions.MaxConcurrentStreams; 0 default
+		wantMin   int // TCP connections
+		wantMax   int
+		wantPeak  int // most streams on one connection
+	}{
+		{name: "1000 streams, 100 per connection", streams: 1000, perConn: 100, wantMin: 10, wantMax: 10, wantPeak: 100},
+		{name: "50 streams, 7 per connection", streams: 50, perConn: 7, wantMin: 8, wantMax: 8, wantPeak: 7},
+		// The peer's limit is only known after its SETTINGS arrive, so the
+		// first connections may be over-committed and retried; the limit
+		// must hold and every stream must succeed.
+		{name: "peer allows 4, pool 10", streams: 20, perConn: 10, serverMax: 4, wantMin: 5, wantMax: 8, wantPeak: 4},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &holdHandler{}
+			e := newEnv(t, h.handle, envOpts{
+				pool:   func(o *PoolOptions) { o.MaxStreamsPerConn = tc.perConn },
+				server: func(o *ServerOptions) { o.MaxConcurrentStreams = tc.serverMax },
+			})
+			ctx := testCtx(t)
+			streams := make([]*Stream, tc.streams)
+			errs := make([]error, tc.streams)
+			var wg sync.WaitGroup
+			for i := range streams {
+				wg.Go(func() { streams[i], errs[i] = e.pool.Connect(ctx, e.key, "10.0.0.1:80", nil) })
+			}
+			wg.Wait()
+			// Every stream is open at this point, so they were concurrent.
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("stream %d: %v", i, err)
+				}
+			}
+			if n := int(e.ln.accepted.Load()); n < tc.wantMin || n > tc.wantMax {
+				t.Errorf("%d TCP connections, want %d..%d", n, tc.wantMin, tc.wantMax)
+			}
+			h.mu.Lock()
+			peak := h.peak
+			h.mu.Unlock()
+			if peak != tc.wantPeak {
+				t.Errorf("peak streams per connection %d, want %d", peak, tc.wantPeak)
+			}
+			if got := e.metric(t, "ztunnel_hbone_pool_streams", ""); got != float64(tc.streams) {
+				t.Errorf("pool_streams gauge %v, want %d", got, tc.streams)
+			}
+			for _, s := range streams {
+				s.Close()
+			}
+			if got := e.metric(t, "ztunnel_hbone_pool_streams", ""); got != 0 {
+				t.Errorf("pool_streams gauge after close %v, want 0", got)
+			}
+		})
+	}
+}
+
+func TestPoolCoalescesFirstDial(t *testing.T) {
+	const n = 50
+	release := make(chan struct{})
+	var claims, dials atomic.Int64
+	e := newEnv(t, (&holdHandler{}).handle, envOpts{pool: func(o *PoolOptions) {
+		o.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			if k, ok := KeyFromContext(ctx); !ok || k.Addr.String() != addr {
+				return nil, errors.New("dial context lacks the key")
+			}
+			select {
+			case <-release: // every other Connect is waiting on this dial
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}
+	}})
+	e.pool.testHookClaim = func() {
+		if claims.Add(1) == n-1 {
+			close(release)
+		}
+	}
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	streams := make([]*Stream, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { streams[i], errs[i] = e.pool.Connect(ctx, e.key, "10.0.0.1:80", nil) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+		defer streams[i].Close()
+	}
+	if d, tl, a := dials.Load(), e.tlsN.Load(), e.ln.accepted.Load(); d != 1 || tl != 1 || a != 1 {
+		t.Errorf("dials %d, TLS configs %d, accepted %d; want 1 each", d, tl, a)
+	}
+}
+
+func TestPoolDialErrorReachesAllWaiters(t *testing.T) {
+	const n = 10
+	release := make(chan struct{})
+	var claims atomic.Int64
+	e := newEnv(t, (&holdHandler{}).handle, envOpts{pool: func(o *PoolOptions) {
+		o.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			<-release
+			return nil, errors.New("no route")
+		}
+	}})
+	e.pool.testHookClaim = func() {
+		if claims.Add(1) == n-1 {
+			close(release)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { _, errs[i] = e.pool.Connect(testCtx(t), e.key, "10.0.0.1:80", nil) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		var ce *ConnectError
+		if !errors.As(err, &ce) || ce.Reason != ReasonDial {
+			t.Errorf("stream %d: %v, want ConnectError reason %s", i, err, ReasonDial)
+		}
+	}
+	if got := e.metric(t, "ztunnel_hbone_pool_dials_total", ReasonDial); got != 1 {
+		t.Errorf("dials_total{dial} = %v, want 1", got)
+	}
+}
+
+func TestPoolConnectContextCancelled(t *testing.T) {
+	e := newEnv(t, func(ctx context.Context, req *Request) {
+		<-ctx.Done() // never answers until the client gives up
+	}, envOpts{})
+	ctx, cancel := context.WithCancel(testCtx(t))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.pool.Connect(ctx, e.key, "10.0.0.1:80", nil)
+		errc <- err
+	}()
+	// Cancel once the server has the request; with no answer, Connect can
+	// only return through ctx.
+	waitFor(t, "stream on server", func() bool { return e.metric(t, "ztunnel_hbone_server_streams", "") == 1 })
+	cancel()
+	if err := recvTimeout(t, errc, "Connect"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Connect: %v, want context.Canceled", err)
+	}
+	waitFor(t, "server stream to end", func() bool { return e.metric(t, "ztunnel_hbone_server_streams", "") == 0 })
+}
+
+func TestPoolIdleRelease(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{pool: func(o *PoolOptions) { o.IdleTimeout = 50 * time.Millisecond }})
+	ctx := testCtx(t)
+	use := func() {
+		t.Helper()
+		s, err := e.pool.Connect(ctx, e.key, "10.0.0.1:80", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Write([]byte("x"))
+		s.CloseWrite()
+		if b, err := io.ReadAll(s); err != nil || string(b) != "x" {
+			t.Fatalf("echo %q, %v", b, err)
+		}
+		s.Close()
+	}
+	use()
+	recvTimeout(t, e.ln.closed, "idle connection to close")
+	if got := e.metric(t, "ztunnel_hbone_pool_connections", ""); got != 0 {
+		t.Errorf("pool_connections after idle close %v, want 0", got)
+	}
+	use()
+	if n := e.ln.accepted.Load(); n != 2 {
+		t.Errorf("accepted %d connections, want 2 (a new one after idle close)", n)
+	}
+}
+
+func TestPoolNewConnectionAfterGoAway(t *testing.T) {
+	tests := []struct {
+		name     string
+		graceful bool
+	}{
+		{name: "graceful shutdown sends GOAWAY", graceful: true},
+		{name: "connection force-closed", graceful: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ca := newTestCA(t)
+			ln := newCountingListener(t)
+			mk := func() *Server {
+				s, err := NewServer(ServerOptions{TLS: ca.serverConfig(t, "server", "srv"), Handler: echoHandler})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			// The first connection goes to srvA, later ones to srvB, so
+			// srvA can be shut down while the port keeps accepting.
+			srvA, srvB := mk(), mk()
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				for first := true; ; first = false {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					srv := srvB
+					if first {
+						srv = srvA
+					}
+					wg.Go(func() { srv.ServeConn(context.Background(), c) })
+				}
+			})
+			defer func() {
+				ln.Close()
+				srvA.Close()
+				srvB.Close()
+				wg.Wait()
+			}()
+			clientTLS := ca.clientConfig(t, "client", "cli", spiffeID("server", "srv"))
+			pool, err := NewPool(PoolOptions{TLS: func(Key) (*tls.Config, error) { return clientTLS, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			key := Key{Addr: ln.addr()}
+			ctx := testCtx(t)
+			echo := func(s *Stream, msg string) {
+				t.Helper()
+				if _, err := s.Write([]byte(msg)); err != nil {
+					t.Fatalf("write: %v", err)
+				}
+				b := make([]byte, len(msg))
+				if _, err := io.ReadFull(s, b); err != nil || string(b) != msg {
+					t.Fatalf("echo %q: got %q, %v", msg, b, err)
+				}
+			}
+
+			s1, err := pool.Connect(ctx, key, "10.0.0.1:80", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s1.Close()
+			echo(s1, "one")
+
+			shutdownErr := make(chan error, 1)
+			if tc.graceful {
+				go func() {
+					sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					shutdownErr <- srvA.Shutdown(sctx)
+				}()
+				waitFor(t, "GOAWAY at the client", func() bool { return s1.conn.cc.State().Closing })
+			} else {
+				srvA.Close()
+				if _, err := s1.Read(make([]byte, 1)); err == nil {
+					t.Fatal("read on a force-closed connection succeeded")
+				}
+			}
+
+			s2, err := pool.Connect(ctx, key, "10.0.0.1:80", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s2.Close()
+			echo(s2, "two")
+			if n := ln.accepted.Load(); n != 2 {
+				t.Errorf("accepted %d connections, want 2", n)
+			}
+			if s2.conn == s1.conn {
+				t.Error("second stream reused the old connection")
+			}
+			if tc.graceful {
+				echo(s1, "still up") // streams in flight survive GOAWAY
+				s1.CloseWrite()
+				io.Copy(io.Discard, s1)
+				s1.Close()
+				if err := recvTimeout(t, shutdownErr, "graceful shutdown"); err != nil {
+					t.Errorf("Shutdown: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestPoolClosed(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	s, err := e.pool.Connect(testCtx(t), e.key, "10.0.0.1:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Read(make([]byte, 1)); err == nil {
+		t.Error("stream survived pool Close")
+	}
+	s.Close()
+	if _, err := e.pool.Connect(testCtx(t), e.key, "10.0.0.1:80", nil); !errors.Is(err, ErrPoolClosed) {
+		t.Errorf("Connect after Close: %v, want ErrPoolClosed", err)
+	}
+	if err := e.pool.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestConnectBadAuthority(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	for _, a := range []string{"", "10.0.0.1", "10.0.0.1:0", "10.0.0.1:99999", ":80", "a b:80", "user@host:80"} {
+		if _, err := e.pool.Connect(testCtx(t), e.key, a, nil); err == nil {
+			t.Errorf("Connect(%q) succeeded", a)
+		}
+	}
+	if n := e.ln.accepted.Load(); n != 0 {
+		t.Errorf("bad authorities dialed %d connections", n)
+	}
+}

@@ -1,0 +1,524 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ztunnel-go/ztunnel/internal/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/identity"
+	"github.com/ztunnel-go/ztunnel/internal/identity/identitytest"
+	"github.com/ztunnel-go/ztunnel/internal/nstest"
+	"github.com/ztunnel-go/ztunnel/internal/proxy"
+	"github.com/ztunnel-go/ztunnel/internal/sockopt"
+	"github.com/ztunnel-go/ztunnel/internal/state"
+	"github.com/ztunnel-go/ztunnel/internal/xds"
+)
+
+const mark = 0x539
+
+// mesh is two nodes, each with one pod served by its own dedicated-mode
+// proxy, as a sidecar-less ztunnel in the pod's own namespace would be.
+type mesh struct {
+	cluster     *nstest.Cluster
+	client      *nstest.Pod // on node 1
+	server      *nstest.Pod // on node 2
+	store       *state.Store
+	clientZT    *proxy.Proxy
+	serverZT    *proxy.Proxy
+	reg         *prometheus.Registry
+	clientCerts *identity.Manager
+	hboneConns  atomic.Int64 // TCP connections accepted on the server's 15008
+}
+
+const meshConfig = `
+workloads:
+- uid: c1//Pod/ns1/client
+  name: client
+  namespace: ns1
+  serviceAccount: client
+  workloadIps: ["%[1]s"]
+  protocol: HBONE
+  workloadName: client
+  canonicalName: client
+- uid: c1//Pod/ns2/server
+  name: server
+  namespace: ns2
+  serviceAccount: server
+  workloadIps: ["%[2]s"]
+  protocol: HBONE
+  workloadName: server
+  canonicalName: server
+  services:
+    "ns2/echo.ns2.svc.cluster.local":
+      80: 7000
+services:
+- name: echo
+  namespace: ns2
+  hostname: echo.ns2.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports:
+    80: 7000
+`
+
+func newMesh(t *testing.T, maxStreams int) *mesh {
+	t.Helper()
+	c := nstest.NewTestCluster(t, "px"+fmt.Sprint(time.Now().UnixNano()%10000))
+	n1, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := n1.AddPod("cl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv, err := n2.AddPod("sv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pod VIP range must route too: services are reached through the
+	// client's capture, so only the route into eth0 matters.
+	redirectOutbound(t, cl.NS)
+
+	store, err := state.New(state.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xds.Load("mesh.yaml", []byte(fmt.Sprintf(meshConfig, cl.IP, sv.IP)), store); err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{cluster: c, client: cl, server: sv, store: store, reg: prometheus.NewRegistry()}
+	ca := identitytest.NewLocalCA(t, "cluster.local")
+	metrics := proxy.NewMetrics(m.reg)
+	m.clientCerts = identitytest.NewManager(t, ca)
+	m.clientZT = m.startProxy(t, cl, proxy.LocalWorkload{Namespace: "ns1", Name: "client", ServiceAccount: "client"}, m.clientCerts, metrics, maxStreams, nil)
+	m.serverZT = m.startProxy(t, sv, proxy.LocalWorkload{Namespace: "ns2", Name: "server", ServiceAccount: "server"}, identitytest.NewManager(t, ca), metrics, maxStreams, &m.hboneConns)
+	return m
+}
+
+// redirectOutbound installs the minimal capture of the in-pod rules: TCP
+// the pod sends to other addresses goes to 15001 unless marked.
+func redirectOutbound(t *testing.T, ns *nstest.NS) {
+	t.Helper()
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skip("proxy e2e: skipping: iptables is not installed (scripts/test installs it)")
+	}
+	out, err := exec.Command("ip", "netns", "exec", ns.Name, "iptables", "-t", "nat", "-A", "OUTPUT",
+		"-p", "tcp", "-m", "mark", "!", "--mark", fmt.Sprintf("%#x/0xfff", mark), "!", "-d", "127.0.0.0/8",
+		"-j", "REDIRECT", "--to-ports", "15001").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iptables in %s: %v: %s", ns.Name, err, out)
+	}
+}
+
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+func (m *mesh) startProxy(t *testing.T, pod *nstest.Pod, local proxy.LocalWorkload, certs *identity.Manager, metrics *proxy.Metrics, maxStreams int, count *atomic.Int64) *proxy.Proxy {
+	t.Helper()
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return markedDial(ctx, pod, network, addr)
+	}
+	pool, err := hbone.NewPool(hbone.PoolOptions{Dial: dial, TLS: proxy.PoolTLS(certs), MaxStreamsPerConn: maxStreams})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := proxy.New(proxy.Options{
+		State:   m.store.Snapshot,
+		Pool:    pool,
+		Certs:   certs,
+		Dial:    dial,
+		Local:   local,
+		Metrics: metrics,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := func(port int) net.Listener {
+		ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ln
+	}
+	p.ServeOutbound(listen(proxy.OutboundPort))
+	p.ServeInboundPlaintext(listen(proxy.InboundPlaintextPort))
+	hb := listen(proxy.HBONEPort)
+	if count != nil {
+		hb = countingListener{hb, count}
+	}
+	p.ServeHBONE(hb)
+	t.Cleanup(func() {
+		p.Close()
+		pool.Close()
+	})
+	return p
+}
+
+// echoServer runs in the server pod on port 7000: it copies back what it
+// reads until EOF, then half-closes.
+func echoServer(t *testing.T, pod *nstest.Pod) {
+	t.Helper()
+	ln, err := pod.Listen("tcp", netip.AddrPortFrom(pod.IP, 7000).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+}
+
+func TestE2EEchoThroughHBONE(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	payload := make([]byte, 64<<20)
+	rand.Read(payload)
+	cases := []struct {
+		name string
+		dst  string
+	}{
+		{"pod ip", netip.AddrPortFrom(m.server.IP, 7000).String()},
+		{"service vip", "10.96.0.10:80"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			// The client dials the real destination; iptables sends it to 15001.
+			c, err := m.client.Dial(ctx, "tcp", tc.dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			go func() {
+				c.Write(payload)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+			got, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("read: %v", err)
+			}
+			if !bytes.Equal(got, payload) {
+				t.Fatalf("echo returned %d bytes, want %d identical", len(got), len(payload))
+			}
+		})
+	}
+	if n := m.hboneConns.Load(); n != 1 {
+		t.Errorf("server accepted %d HBONE connections for sequential streams, want 1 (pooled)", n)
+	}
+	// Both reporters count the same bytes once the connections closed.
+	waitFor(t, func() bool { return m.clientZT.Connections() == 0 && m.serverZT.Connections() == 0 })
+	for _, reporter := range []string{"source", "destination"} {
+		got := sumCounter(t, m.reg, "istio_tcp_received_bytes_total", "reporter", reporter)
+		if got != float64(2*len(payload)) {
+			t.Errorf("istio_tcp_received_bytes_total{reporter=%s} = %v, want %d", reporter, got, 2*len(payload))
+		}
+		if o := sumCounter(t, m.reg, "istio_tcp_connections_opened_total", "reporter", reporter); o != 2 {
+			t.Errorf("opened{reporter=%s} = %v, want 2", reporter, o)
+		}
+	}
+}
+
+func TestE2EStreamsShareConnections(t *testing.T) {
+	const maxStreams, conns = 100, 1000
+	m := newMesh(t, maxStreams)
+	echoServer(t, m.server)
+	dst := netip.AddrPortFrom(m.server.IP, 7000).String()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	for i := 0; i < conns; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c, err := m.client.Dial(ctx, "tcp", dst)
+			if err != nil {
+				errs <- err
+				return
+			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
+			msg := []byte(fmt.Sprintf("hello %04d", i))
+			c.Write(msg)
+			buf := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, buf); err != nil || !bytes.Equal(buf, msg) {
+				errs <- fmt.Errorf("conn %d: echo %q, %v", i, buf, err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	want := int64((conns + maxStreams - 1) / maxStreams)
+	if n := m.hboneConns.Load(); n > want {
+		t.Fatalf("%d concurrent connections used %d HBONE connections, want ≤ %d", conns, n, want)
+	}
+	t.Logf("%d connections over %d HBONE connections", conns, m.hboneConns.Load())
+}
+
+func TestE2EInboundRejections(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	serverHBONE := netip.AddrPortFrom(m.server.IP, proxy.HBONEPort)
+	clientID := identity.New("", "ns1", "client")
+	serverID := identity.New("", "ns2", "server")
+
+	// A raw HBONE client in the client pod (marked, so not captured).
+	rawPool := func(t *testing.T, certs *identity.Manager) *hbone.Pool {
+		pool, err := hbone.NewPool(hbone.PoolOptions{
+			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				return markedDial(ctx, m.client, network, addr)
+			},
+			TLS: proxy.PoolTLS(certs),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pool.Close() })
+		return pool
+	}
+	good := rawPool(t, m.clientCerts)
+
+	cases := []struct {
+		name       string
+		pool       *hbone.Pool
+		accept     identity.Identity
+		authority  netip.AddrPort
+		wantStatus int    // 0: no HTTP status, the connection itself fails
+		wantErr    string // substring of the error
+		counter    [2]string
+	}{
+		{"allowed", good, serverID, netip.AddrPortFrom(m.server.IP, 7000), 200, "", [2]string{}},
+		{"not local destination", good, serverID, netip.AddrPortFrom(m.client.IP, 7000), 400, "", [2]string{"istio_ztunnel_connection_rejected_total", "destination_not_local"}},
+		{"upstream refused", good, serverID, netip.AddrPortFrom(m.server.IP, 7999), 503, "", [2]string{"istio_ztunnel_connection_rejected_total", "dial_failed"}},
+		{"wrong server SAN", good, identity.New("", "ns2", "someone-else"), netip.AddrPortFrom(m.server.IP, 7000), 0, "ns2/sa/server", [2]string{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var before float64
+			if tc.counter[0] != "" {
+				before = sumCounter(t, m.reg, tc.counter[0], "reason", tc.counter[1])
+			}
+			key := hbone.Key{Src: clientID, Dst: hbone.DstIdentities(tc.accept), Addr: serverHBONE}
+			s, err := tc.pool.Connect(ctx, key, tc.authority.String(), nil)
+			if tc.wantStatus == 200 {
+				if err != nil {
+					t.Fatalf("connect: %v", err)
+				}
+				s.Write([]byte("ping"))
+				s.CloseWrite()
+				b, _ := io.ReadAll(s)
+				s.Close()
+				if string(b) != "ping" {
+					t.Fatalf("echo = %q", b)
+				}
+				return
+			}
+			if err == nil {
+				s.Close()
+				t.Fatalf("connect to %s succeeded, want failure", tc.authority)
+			}
+			var se *hbone.StatusError
+			if tc.wantStatus != 0 {
+				if !errors.As(err, &se) || se.Code != tc.wantStatus {
+					t.Fatalf("error = %v, want HTTP status %d", err, tc.wantStatus)
+				}
+			} else if errors.As(err, &se) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error = %v, want a TLS failure mentioning %q", err, tc.wantErr)
+			}
+			if tc.counter[0] != "" {
+				if got := sumCounter(t, m.reg, tc.counter[0], "reason", tc.counter[1]); got != before+1 {
+					t.Fatalf("%s{reason=%s} = %v, want %v", tc.counter[0], tc.counter[1], got, before+1)
+				}
+			}
+		})
+	}
+
+	t.Run("no client certificate", func(t *testing.T) {
+		raw, err := markedDial(ctx, m.client, "tcp", serverHBONE.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS13})
+		err = c.HandshakeContext(ctx)
+		if err == nil {
+			// TLS 1.3 reports the server's rejection of the (missing)
+			// client certificate on the first read.
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+		}
+		if err == nil || !strings.Contains(err.Error(), "certificate") {
+			t.Fatalf("handshake without client cert: err = %v, want a certificate error", err)
+		}
+	})
+	t.Run("plaintext on 15008", func(t *testing.T) {
+		raw, err := markedDial(ctx, m.client, "tcp", serverHBONE.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		raw.Write([]byte("CONNECT 10.0.0.1:80 HTTP/1.1\r\nHost: x\r\n\r\n"))
+		raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, _ := io.ReadAll(raw)
+		if strings.Contains(string(b), "200") {
+			t.Fatalf("plaintext CONNECT answered %q", b)
+		}
+	})
+}
+
+// TestE2EPolicyDenyClosesLiveConnection: a connection allowed, then a DENY
+// pushed: it is closed within a second, and a new one is refused.
+func TestE2EPolicyDenyClosesLiveConnection(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dst := netip.AddrPortFrom(m.server.IP, 7000).String()
+	c, err := m.client.Dial(ctx, "tcp", dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("a"))
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatalf("echo before deny: %v", err)
+	}
+	deny := fmt.Sprintf(meshConfig, m.client.IP, m.server.IP) + `
+policies:
+- name: deny-client
+  namespace: ns2
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals:
+          - Exact: cluster.local/ns/ns1/sa/client
+`
+	pushed := time.Now()
+	if err := xds.Load("deny.yaml", []byte(deny), m.store); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Read(buf)
+	if err == nil {
+		t.Fatal("connection still delivers data after the DENY")
+	}
+	if d := time.Since(pushed); d > time.Second {
+		t.Fatalf("connection closed %v after the DENY, want < 1s", d)
+	}
+	before := sumCounter(t, m.reg, "istio_ztunnel_authorization_denied_total", "policy", "ns2/deny-client")
+	c2, err := m.client.Dial(ctx, "tcp", dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.Write([]byte("b"))
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c2.Read(buf); err == nil {
+		t.Fatalf("new connection after DENY read %d bytes", n)
+	}
+	waitFor(t, func() bool {
+		return sumCounter(t, m.reg, "istio_ztunnel_authorization_denied_total", "policy", "ns2/deny-client") == before+1
+	})
+}
+
+func markedDial(ctx context.Context, pod *nstest.Pod, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := pod.Do(func() (err error) {
+		d := net.Dialer{Control: sockopt.Mark(mark)}
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+func sumCounter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					total += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

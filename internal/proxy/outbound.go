@@ -1,0 +1,274 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+
+	"github.com/ztunnel-go/ztunnel/internal/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/identity"
+	"github.com/ztunnel-go/ztunnel/internal/sockopt"
+	"github.com/ztunnel-go/ztunnel/internal/state"
+)
+
+// Rejection reasons (counter labels and error text).
+const (
+	reasonNoOriginalDst = "no_original_dst"
+	reasonLoop          = "loop"
+	reasonNoEndpoint    = "no_healthy_endpoint"
+	reasonNoWaypoint    = "waypoint_unresolved"
+	reasonDialFailed    = "dial_failed"
+	reasonNotLocal      = "destination_not_local"
+	reasonDenied        = "denied"
+	reasonBadAuthority  = "bad_authority"
+)
+
+// routeKind is how an outbound connection leaves.
+type routeKind uint8
+
+const (
+	routePassthrough routeKind = iota // plain TCP to the original destination
+	routeTCP                          // plain TCP to a chosen (non-HBONE) endpoint
+	routeHBONE                        // tunnel to a workload's ztunnel or a waypoint
+)
+
+// route is the outcome of resolving an outbound destination.
+type route struct {
+	kind routeKind
+	// target is where TCP goes: the endpoint (routeTCP/routePassthrough)
+	// or the tunnel's far end, ip:15008 (routeHBONE).
+	target netip.AddrPort
+	// authority is the CONNECT :authority (routeHBONE).
+	authority netip.AddrPort
+	// accept are the identities the tunnel's peer may present.
+	accept []identity.Identity
+	// dst and svc describe the destination for metrics and logs.
+	dst *state.Workload
+	svc *state.Service
+}
+
+type routeError struct {
+	reason string
+	msg    string
+}
+
+func (e *routeError) Error() string { return "proxy: outbound: " + e.msg }
+
+// resolve decides where a connection from src to dst goes, as upstream:
+// service waypoint, then endpoint selection, then workload waypoint, then
+// HBONE or TCP by the destination's protocol; unknown destinations pass
+// through.
+func (p *Proxy) resolve(snap *state.Snapshot, src *state.Workload, dst netip.AddrPort) (route, error) {
+	network := p.opts.Network
+	srcNS := p.opts.Local.Namespace
+	svc := snap.ServiceByVIP(network, dst.Addr(), srcNS)
+	if svc != nil {
+		if gw := svc.PickWaypoint(nil); gw != nil && !p.isWaypoint(snap, gw) {
+			return p.viaWaypoint(snap, src, gw, dst, svc, nil)
+		}
+	}
+	up, ok := snap.FindUpstream(src, network, dst, state.ResolveStandard, nil)
+	if !ok {
+		if svc != nil {
+			return route{}, &routeError{reasonNoEndpoint, fmt.Sprintf("service %s has no healthy endpoint for port %d", svc.Key(), dst.Port())}
+		}
+		return route{kind: routePassthrough, target: dst}, nil
+	}
+	if up.Passthrough {
+		return route{kind: routePassthrough, target: dst, svc: up.Service}, nil
+	}
+	w := up.Workload
+	if svc == nil && w.Waypoint != nil && !p.isWaypoint(snap, w.Waypoint) {
+		return p.viaWaypoint(snap, src, w.Waypoint, dst, nil, w)
+	}
+	ip, ok := w.PickIP(dst.Addr(), state.IPFamilies(0))
+	if !ok {
+		return route{}, &routeError{reasonNoEndpoint, fmt.Sprintf("workload %s has no usable address", w.UID)}
+	}
+	target := netip.AddrPortFrom(ip, up.Port)
+	if w.Protocol != state.ProtocolHBONE {
+		return route{kind: routeTCP, target: target, dst: w, svc: up.Service}, nil
+	}
+	accept := []identity.Identity{workloadIdentity(w)}
+	if up.Service != nil {
+		accept = appendSANs(accept, up.Service.SubjectAltNames)
+	}
+	return route{
+		kind:      routeHBONE,
+		target:    netip.AddrPortFrom(ip, HBONEPort),
+		authority: target,
+		accept:    accept,
+		dst:       w,
+		svc:       up.Service,
+	}, nil
+}
+
+// viaWaypoint tunnels to the waypoint gw with the original destination as
+// :authority; the waypoint applies L7 policy and picks the endpoint.
+func (p *Proxy) viaWaypoint(snap *state.Snapshot, src *state.Workload, gw *state.GatewayAddress, dst netip.AddrPort, svc *state.Service, w *state.Workload) (route, error) {
+	up, ok := snap.ResolveGateway(src, gw, state.ResolveWaypoint, nil)
+	if !ok || up.Workload == nil {
+		return route{}, &routeError{reasonNoWaypoint, fmt.Sprintf("waypoint %s for %s is not known or has no endpoint", gw.Destination(), dst)}
+	}
+	ip, ok := up.Workload.PickIP(dst.Addr(), state.IPFamilies(0))
+	if !ok {
+		return route{}, &routeError{reasonNoWaypoint, fmt.Sprintf("waypoint %s has no usable address", up.Workload.UID)}
+	}
+	port := gw.HBONEPort
+	if port == 0 {
+		port = HBONEPort
+	}
+	accept := []identity.Identity{workloadIdentity(up.Workload)}
+	if up.Service != nil {
+		accept = appendSANs(accept, up.Service.SubjectAltNames)
+	}
+	return route{
+		kind:      routeHBONE,
+		target:    netip.AddrPortFrom(ip, port),
+		authority: dst,
+		accept:    accept,
+		dst:       w,
+		svc:       svc,
+	}, nil
+}
+
+// isWaypoint reports whether this proxy's workload is the waypoint gw, so a
+// waypoint's own outbound traffic is not sent back to itself.
+func (p *Proxy) isWaypoint(snap *state.Snapshot, gw *state.GatewayAddress) bool {
+	if gw.Address != nil {
+		w := snap.WorkloadByAddr(gw.Address.Network, gw.Address.Addr)
+		return p.isLocal(w)
+	}
+	if gw.Hostname != nil {
+		if svc := snap.FindHostname(*gw.Hostname).Service; svc != nil {
+			for _, ep := range snap.Endpoints(svc) {
+				if p.isLocal(ep.Workload) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func workloadIdentity(w *state.Workload) identity.Identity {
+	return identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+}
+
+func appendSANs(ids []identity.Identity, sans []string) []identity.Identity {
+	for _, s := range sans {
+		if id, err := identity.Parse(s); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (p *Proxy) handleOutbound(conn *net.TCPConn) {
+	src := addrPort(conn.RemoteAddr())
+	dst, err := sockopt.OriginalDst(conn)
+	if err != nil {
+		// Not redirected: the client dialled 15001 itself. Nothing to do.
+		p.m.rejected.WithLabelValues("outbound", reasonNoOriginalDst).Inc()
+		p.log.Debug("outbound connection without original destination", "src", src.String(), "err", err)
+		conn.Close()
+		return
+	}
+	rec := newRecord(p.m, p.log, "outbound", src, dst)
+	defer conn.Close()
+	var perr error
+	defer func() { rec.done(&perr) }()
+
+	if p.isOwnListener(dst) {
+		perr = &routeError{reasonLoop, fmt.Sprintf("destination %s is ztunnel's own listener", dst)}
+		p.m.rejected.WithLabelValues("outbound", reasonLoop).Inc()
+		return
+	}
+	snap := p.opts.State()
+	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
+	if srcW != nil && !p.isLocal(srcW) {
+		srcW = nil // not our workload's address: label it unknown
+	}
+	r, err := p.resolve(snap, srcW, dst)
+	rec.labels = p.outboundLabels(srcW, r)
+	if err != nil {
+		perr = err
+		var re *routeError
+		if errors.As(err, &re) {
+			p.m.rejected.WithLabelValues("outbound", re.reason).Inc()
+		}
+		return
+	}
+	ctx, cancel := context.WithCancel(p.ctx)
+	defer cancel()
+	var up net.Conn
+	switch r.kind {
+	case routeHBONE:
+		rec.hbone = r.target.String()
+		up, perr = p.connectHBONE(ctx, r, src, srcW)
+	default:
+		dctx, dcancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+		up, perr = p.opts.Dial(dctx, "tcp", r.target.String())
+		dcancel()
+	}
+	if perr != nil {
+		rec.labels.ResponseFlags = flagConnect
+		p.m.rejected.WithLabelValues("outbound", reasonDialFailed).Inc()
+		return
+	}
+	defer up.Close()
+	rec.open(rec.labels)
+	untrack := p.conns.add(&tracked{close: func() { abort(conn, up) }})
+	defer untrack()
+	perr = pipe(conn, up, &rec.counts)
+}
+
+func (p *Proxy) connectHBONE(ctx context.Context, r route, src netip.AddrPort, srcW *state.Workload) (net.Conn, error) {
+	key := hbone.Key{Src: p.self, Dst: hbone.DstIdentities(r.accept...), Addr: r.target}
+	hdr := http.Header{}
+	host := ""
+	if r.svc != nil {
+		host = r.svc.Hostname
+	}
+	hdr.Set("Forwarded", hbone.FormatForwarded(src, host))
+	hdr.Set("Traceparent", hbone.NewTraceParent().String())
+	if b, ok := p.baggage(srcW); ok {
+		hdr.Set("Baggage", b)
+	}
+	dctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	defer cancel()
+	s, err := p.opts.Pool.Connect(dctx, key, r.authority.String(), hdr)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: hbone to %s via %s: %w", r.authority, r.target, err)
+	}
+	return s, nil
+}
+
+// baggage describes the source workload to the peer, as upstream sends it.
+func (p *Proxy) baggage(w *state.Workload) (string, bool) {
+	if w == nil {
+		return "", false
+	}
+	return hbone.FormatBaggage(hbone.Baggage{
+		ClusterID:    w.ClusterID,
+		Namespace:    w.Namespace,
+		WorkloadName: w.WorkloadName,
+		ServiceName:  w.CanonicalName,
+		Revision:     w.CanonicalRevision,
+	}, w.WorkloadType), true
+}
+
+// isOwnListener catches a redirect loop: a connection whose original
+// destination is one of ztunnel's ports on the served workload itself.
+func (p *Proxy) isOwnListener(dst netip.AddrPort) bool {
+	switch dst.Port() {
+	case OutboundPort, InboundPlaintextPort:
+	default:
+		return false
+	}
+	w := p.opts.State().WorkloadByAddr(p.opts.Network, dst.Addr())
+	return dst.Addr().IsLoopback() || p.isLocal(w)
+}

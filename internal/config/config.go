@@ -327,6 +327,11 @@ func (p *parser) uri(name, def string) string {
 	if v == "" {
 		return ""
 	}
+	if !strings.Contains(v, "://") {
+		// Upstream's chart sets istiod.istio-system.svc:15012 without a
+		// scheme and upstream assumes TLS; do the same.
+		v = "https://" + v
+	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.Port() == "" {
 		p.failVar(name, v, "must be empty or a URL of the form https://host:port (http:// for plaintext)")

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/ztunnel-go/ztunnel/internal/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/identity"
+	"github.com/ztunnel-go/ztunnel/internal/inpod"
+	"github.com/ztunnel-go/ztunnel/internal/proxy"
+)
+
+// startShared runs in-pod mode: the CNI agent hands over each pod's network
+// namespace over ZDS, and a proxy is started inside it.
+func (a *app) startShared(ctx context.Context) error {
+	ready := a.ready.Register("inpod snapshot")
+	c, err := inpod.New(inpod.Options{
+		UDSPath:   a.cfg.InpodUDS,
+		PodServer: &podServer{a: a},
+		Netns:     inpod.NetnsOptions{Mark: a.cfg.PacketMark, ReusePort: a.cfg.InpodPortReuse},
+		OnReady: func(ok bool) {
+			if ok {
+				ready()
+			}
+		},
+		Logger:     a.levels.Logger("inpod"),
+		Registerer: a.reg,
+	})
+	if err != nil {
+		return err
+	}
+	a.admin.Register("workloadState", func() (any, error) { return c.WorkloadState(), nil })
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(runCtx); err != nil {
+			a.log.Error("inpod client stopped", "err", err)
+		}
+	}()
+	a.stoppers = append(a.stoppers, func(ctx context.Context) {
+		c.Shutdown(ctx)
+		cancel()
+		<-done
+	})
+	return nil
+}
+
+// podServer starts one proxy per pod, inside the pod's network namespace.
+type podServer struct{ a *app }
+
+func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.WorkloadInfo, ns *inpod.Netns) (inpod.Pod, error) {
+	a := s.a
+	mark := a.cfg.PacketMark
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return ns.Dial(ctx, network, addr, mark)
+	}
+	pool, err := a.newPool(dial)
+	if err != nil {
+		return nil, err
+	}
+	p, err := proxy.New(proxy.Options{
+		State:       a.store.Snapshot,
+		Pool:        pool,
+		Certs:       a.certs,
+		Dial:        dial,
+		Local:       proxy.LocalWorkload{Namespace: info.Namespace, Name: info.Name, ServiceAccount: info.ServiceAccount},
+		TrustDomain: a.cfg.TrustDomain,
+		Network:     a.cfg.Network,
+		ClusterID:   a.cfg.ClusterID,
+		Metrics:     a.proxyMetrics(),
+		Logger:      a.levels.Logger("access").With("pod", info.Namespace+"/"+info.Name),
+	})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	pod := &pod{p: p, pool: pool, certs: a.certs, id: p.Identity()}
+	for _, l := range []struct {
+		port  int
+		serve func(net.Listener)
+	}{
+		{proxy.OutboundPort, p.ServeOutbound},
+		{proxy.InboundPlaintextPort, p.ServeInboundPlaintext},
+		{proxy.HBONEPort, p.ServeHBONE},
+	} {
+		ln, err := ns.Listen("tcp", fmt.Sprintf(":%d", l.port), inpod.ListenTransparent(false))
+		if err != nil {
+			pod.Drain(ctx)
+			return nil, err
+		}
+		l.serve(ln)
+	}
+	return pod, nil
+}
+
+type pod struct {
+	p     *proxy.Proxy
+	pool  *hbone.Pool
+	certs *identity.Manager
+	id    identity.Identity
+}
+
+func (p *pod) Drain(ctx context.Context) error {
+	err := p.p.Shutdown(ctx)
+	p.pool.Shutdown(ctx)
+	p.pool.Close()
+	return err
+}

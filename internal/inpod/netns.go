@@ -1,0 +1,271 @@
+package inpod
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel/internal/sockopt"
+)
+
+// NetnsID identifies a network namespace: two FDs name the same namespace
+// exactly when their nsfs device and inode match (what upstream, cilium and
+// vishvananda/netns compare).
+type NetnsID struct {
+	Dev   uint64
+	Inode uint64
+}
+
+func (id NetnsID) String() string { return fmt.Sprintf("net:[%d] dev %d", id.Inode, id.Dev) }
+
+// NetnsOptions are applied to every listener a Netns makes.
+type NetnsOptions struct {
+	// Mark is SO_MARK on listeners (PACKET_MARK; upstream's in-pod default is
+	// 1337 = 0x539, the mark the pod's iptables rules let through). 0: none.
+	Mark uint32
+	// ReusePort sets SO_REUSEPORT on listeners (INPOD_PORT_REUSE, upstream
+	// default true) so a new ztunnel can bind a pod's ports while the old one
+	// still drains on them.
+	ReusePort bool
+}
+
+// ErrNetnsClosed is returned by a Netns used after Close.
+var ErrNetnsClosed = errors.New("inpod: netns closed")
+
+// Netns is a pod's network namespace, held open by an FD, and the socket
+// factory for it: sockets are created on an OS thread that has joined the
+// namespace, and keep belonging to it wherever they are used afterwards.
+type Netns struct {
+	// immutable after construction
+	id   NetnsID
+	opts NetnsOptions
+
+	mu sync.RWMutex // read-held while an FD is passed to setns; write-held by Close
+	fd int          // guarded by mu; -1 once closed
+}
+
+// NewNetns takes ownership of fd, checks that it is a network namespace and
+// returns it as a Netns. On error fd is closed.
+func NewNetns(fd int, opts NetnsOptions) (*Netns, error) {
+	id, err := checkNetns(fd)
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	return &Netns{id: id, opts: opts, fd: fd}, nil
+}
+
+// OpenNetns opens a namespace by path (/var/run/netns/NAME, /proc/PID/ns/net).
+func OpenNetns(path string, opts NetnsOptions) (*Netns, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("inpod: open netns %s: %w", path, err)
+	}
+	return NewNetns(fd, opts)
+}
+
+// checkNetns returns fd's identity if it is a network namespace. The
+// NS_GET_NSTYPE ioctl answers exactly; kernels before 4.11 lack it, and then
+// the FD must at least live on nsfs (or procfs, for old /proc/PID/ns links).
+func checkNetns(fd int) (NetnsID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return NetnsID{}, fmt.Errorf("inpod: netns fd %d: fstat: %w", fd, err)
+	}
+	nstype, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE)
+	switch {
+	case err == nil && nstype != unix.CLONE_NEWNET:
+		return NetnsID{}, fmt.Errorf("inpod: fd %d is a namespace of type %#x, not a network namespace", fd, nstype)
+	case err != nil:
+		var fs unix.Statfs_t
+		if serr := unix.Fstatfs(fd, &fs); serr != nil {
+			return NetnsID{}, fmt.Errorf("inpod: netns fd %d: fstatfs: %w", fd, serr)
+		}
+		if fs.Type != unix.NSFS_MAGIC && fs.Type != unix.PROC_SUPER_MAGIC {
+			return NetnsID{}, fmt.Errorf("inpod: fd %d is not a network namespace (filesystem %#x, ioctl: %v)", fd, fs.Type, err)
+		}
+	}
+	return NetnsID{Dev: uint64(st.Dev), Inode: st.Ino}, nil
+}
+
+// ID identifies the namespace.
+func (n *Netns) ID() NetnsID { return n.id }
+
+// Close releases the namespace FD. Sockets made inside keep working. Safe to
+// call twice.
+func (n *Netns) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fd < 0 {
+		return nil
+	}
+	err := unix.Close(n.fd)
+	n.fd = -1
+	if err != nil {
+		return fmt.Errorf("inpod: close netns: %w", err)
+	}
+	return nil
+}
+
+// enter moves the calling (locked) thread into n.
+func (n *Netns) enter() error {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.fd < 0 {
+		return ErrNetnsClosed
+	}
+	if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("inpod: enter netns %s: %w", n.id, err)
+	}
+	return nil
+}
+
+// Do runs fn on an OS thread inside n and returns its error. Sockets fn
+// creates belong to n; goroutines fn starts do not run inside n, but child
+// processes fn starts do. fn runs on a fresh goroutine: if the thread cannot
+// be switched back, that goroutine exits still locked, and the runtime
+// destroys the thread instead of reusing it in the wrong namespace.
+func (n *Netns) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread's own namespace, to return to: an unlocked thread is
+		// always in ztunnel's namespace, since no thread is ever unlocked
+		// elsewhere.
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("inpod: get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := n.enter(); err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			// Never unlock: the thread dies with this goroutine.
+			errc <- errors.Join(ferr, fmt.Errorf("inpod: return from netns %s: %w", n.id, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// ListenOption adjusts one listener.
+type ListenOption func(*listenConfig)
+
+type listenConfig struct {
+	transparent, transparentRequired bool
+}
+
+// ListenTransparent sets IP_TRANSPARENT (IPV6_TRANSPARENT) on the listener,
+// which ztunnel needs to keep clients' original source addresses. Upstream
+// tries it on its listeners and goes on without it unless original source
+// is explicitly required; required=false does the same.
+func ListenTransparent(required bool) ListenOption {
+	return func(c *listenConfig) { c.transparent, c.transparentRequired = true, required }
+}
+
+func (n *Netns) listenControl(opts []ListenOption) sockopt.Control {
+	var lc listenConfig
+	for _, o := range opts {
+		o(&lc)
+	}
+	cs := []sockopt.Control{sockopt.Mark(n.opts.Mark)}
+	if n.opts.ReusePort {
+		cs = append(cs, sockopt.ReusePort)
+	}
+	if lc.transparent {
+		t := sockopt.Control(sockopt.Transparent)
+		if !lc.transparentRequired {
+			t = bestEffort(t)
+		}
+		cs = append(cs, t)
+	}
+	return sockopt.Chain(cs...)
+}
+
+func bestEffort(c sockopt.Control) sockopt.Control {
+	return func(network, address string, rc syscall.RawConn) error {
+		_ = c(network, address, rc)
+		return nil
+	}
+}
+
+// Listen opens a stream listener inside n (network "tcp", "tcp4", "tcp6"),
+// with the Netns options applied. Ports ztunnel uses: 15001 outbound, 15006
+// inbound plaintext, 15008 inbound HBONE.
+func (n *Netns) Listen(network, addr string, opts ...ListenOption) (net.Listener, error) {
+	lc := net.ListenConfig{Control: n.listenControl(opts)}
+	var ln net.Listener
+	err := n.Do(func() (err error) {
+		ln, err = lc.Listen(context.Background(), network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inpod: listen %s %s in %s: %w", network, addr, n.id, err)
+	}
+	return ln, nil
+}
+
+// ListenPacket opens a datagram socket inside n (for the DNS proxy).
+func (n *Netns) ListenPacket(network, addr string, opts ...ListenOption) (net.PacketConn, error) {
+	lc := net.ListenConfig{Control: n.listenControl(opts)}
+	var pc net.PacketConn
+	err := n.Do(func() (err error) {
+		pc, err = lc.ListenPacket(context.Background(), network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inpod: listen %s %s in %s: %w", network, addr, n.id, err)
+	}
+	return pc, nil
+}
+
+// DialOption adjusts one outgoing connection.
+type DialOption func(*net.Dialer, *[]sockopt.Control)
+
+// DialFrom binds the connection to src (usually not an address of the pod)
+// with IP_TRANSPARENT, so the peer sees the original client address. Used
+// for inbound connections to the app.
+func DialFrom(src netip.Addr) DialOption {
+	return func(d *net.Dialer, cs *[]sockopt.Control) {
+		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice(), Zone: src.Zone()}
+		*cs = append(*cs, sockopt.Transparent)
+	}
+}
+
+// Dial connects from inside n, with SO_MARK mark (0: none) so the pod's
+// redirect rules let the connection out instead of capturing it again. The
+// whole dial runs on the namespace thread; with a literal address it makes
+// exactly one socket.
+func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opts ...DialOption) (net.Conn, error) {
+	var d net.Dialer
+	cs := []sockopt.Control{sockopt.Mark(mark)}
+	for _, o := range opts {
+		o(&d, &cs)
+	}
+	d.Control = sockopt.Chain(cs...)
+	var c net.Conn
+	err := n.Do(func() (err error) {
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inpod: dial %s %s from %s: %w", network, addr, n.id, err)
+	}
+	return c, nil
+}

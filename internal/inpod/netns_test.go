@@ -1,0 +1,209 @@
+package inpod
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel/internal/nstest"
+)
+
+func TestNewNetnsValidates(t *testing.T) {
+	cases := []struct {
+		name    string
+		path    string
+		wantErr string
+	}{
+		{name: "own netns", path: "/proc/self/ns/net"},
+		{name: "regular file", path: "/dev/null", wantErr: "not a network namespace"},
+		{name: "other namespace type", path: "/proc/self/ns/uts", wantErr: "not a network namespace"},
+		{name: "missing path", path: "/nonexistent/netns", wantErr: "no such file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := openFDCount(t)
+			ns, err := OpenNetns(tc.path, NetnsOptions{})
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				var st unix.Stat_t
+				if err := unix.Stat(tc.path, &st); err != nil {
+					t.Fatal(err)
+				}
+				if ns.ID().Inode != st.Ino {
+					t.Fatalf("ID %v, want inode %d", ns.ID(), st.Ino)
+				}
+				if err := ns.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if err := ns.Close(); err != nil {
+					t.Fatalf("second Close: %v", err)
+				}
+			} else if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want %q", err, tc.wantErr)
+			}
+			if after := openFDCount(t); after != before {
+				t.Fatalf("open fds %d → %d", before, after)
+			}
+		})
+	}
+}
+
+func TestNetnsClosed(t *testing.T) {
+	ns, err := OpenNetns("/proc/self/ns/net", NetnsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Close()
+	if _, err := ns.Listen("tcp", "127.0.0.1:0"); !errors.Is(err, ErrNetnsClosed) {
+		t.Fatalf("Listen after Close: %v", err)
+	}
+}
+
+type syscallConner interface {
+	SyscallConn() (syscall.RawConn, error)
+}
+
+func withFD(t *testing.T, c syscallConner, fn func(fd int)) {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Control(func(fd uintptr) { fn(int(fd)) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getsockopt(t *testing.T, c syscallConner, level, opt int) int {
+	t.Helper()
+	var v int
+	var serr error
+	withFD(t, c, func(fd int) { v, serr = unix.GetsockoptInt(fd, level, opt) })
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return v
+}
+
+// socketNetns returns the inode of the netns a socket belongs to (SIOCGSKNS).
+func socketNetns(t *testing.T, c syscallConner) uint64 {
+	t.Helper()
+	var nsfd int
+	var serr error
+	withFD(t, c, func(fd int) { nsfd, serr = unix.IoctlRetInt(fd, unix.SIOCGSKNS) })
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	defer unix.Close(nsfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(nsfd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func threadNetns(t *testing.T) string {
+	t.Helper()
+	l, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestNetnsSockets(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "inpod-sock")
+	host := threadNetns(t)
+	ns, err := OpenNetns(pod.Path(), NetnsOptions{Mark: 0x539, ReusePort: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+
+	ln, err := ns.Listen("tcp", "127.0.0.1:15008", ListenTransparent(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	tl := ln.(*net.TCPListener)
+	if got := getsockopt(t, tl, unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
+		t.Errorf("listener SO_MARK = %#x", got)
+	}
+	if got := getsockopt(t, tl, unix.SOL_SOCKET, unix.SO_REUSEPORT); got != 1 {
+		t.Errorf("listener SO_REUSEPORT = %d", got)
+	}
+	if got := getsockopt(t, tl, unix.SOL_IP, unix.IP_TRANSPARENT); got != 1 {
+		t.Errorf("listener IP_TRANSPARENT = %d", got)
+	}
+	// SO_REUSEPORT lets a second ztunnel bind the same port.
+	ln2, err := ns.Listen("tcp", "127.0.0.1:15008")
+	if err != nil {
+		t.Fatalf("second listener with SO_REUSEPORT: %v", err)
+	}
+	ln2.Close()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Write([]byte("in pod"))
+			c.Close()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Reachable from inside the pod netns, through our own Dial...
+	c, err := ns.Dial(ctx, "tcp", "127.0.0.1:15008", 0x539)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := getsockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
+		t.Errorf("dialed SO_MARK = %#x", got)
+	}
+	for name, sc := range map[string]syscallConner{"listener": tl, "dialed": c.(*net.TCPConn)} {
+		if got := socketNetns(t, sc); got != ns.ID().Inode {
+			t.Errorf("%s socket in netns %d, want the pod's %d", name, got, ns.ID().Inode)
+		}
+	}
+	got, _ := io.ReadAll(c)
+	c.Close()
+	if string(got) != "in pod" {
+		t.Fatalf("read %q", got)
+	}
+	udp, err := ns.ListenPacket("udp", "127.0.0.1:15053")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := getsockopt(t, udp.(*net.UDPConn), unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
+		t.Errorf("udp SO_MARK = %#x", got)
+	}
+	udp.Close()
+
+	// Every thread used is back in the host namespace.
+	for range 4 * runtime.GOMAXPROCS(0) {
+		ch := make(chan string, 1)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			l, _ := os.Readlink("/proc/thread-self/ns/net")
+			ch <- l
+		}()
+		if l := <-ch; l != host {
+			t.Fatalf("a thread is in %s, host is %s", l, host)
+		}
+	}
+}

@@ -52,6 +52,9 @@ func (a *app) startDedicated(ctx context.Context) error {
 		}
 		l.serve(ln)
 	}
+	certs := newCertReadiness(a.certs, a.ready.Register("certificates"))
+	certs.track(a.runCtx, p.Identity())
+	certs.closeSet()
 	a.log.Info("serving workload", "workload", wi.Namespace+"/"+wi.Name, "identity", p.Identity().String())
 	return nil
 }

@@ -48,7 +48,7 @@ func startZtunnel(t *testing.T, env ...string) *process {
 	cmd := exec.Command(binary)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"),
 		"ADMIN_ADDR=127.0.0.1:0", "STATS_ADDR=127.0.0.1:0", "READINESS_ADDR=127.0.0.1:0",
-		"INPOD_UDS=" + filepath.Join(t.TempDir(), "ztunnel.sock")}, env...)
+		"INPOD_UDS=" + filepath.Join(t.TempDir(), "ztunnel.sock")}, env...) // later entries win
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

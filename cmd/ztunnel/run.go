@@ -34,6 +34,10 @@ type app struct {
 
 	metrics *proxy.Metrics
 	quitCh  chan struct{}
+	// runCtx ends when shutdown starts; background work started by the
+	// app (cert fetches for readiness) watches it.
+	runCtx    context.Context
+	runCancel context.CancelFunc
 
 	// stoppers run in reverse order on shutdown, each given the drain ctx.
 	stoppers []func(context.Context)
@@ -77,6 +81,7 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 		return nil, err
 	}
 	a := &app{cfg: cfg, levels: levels, log: levels.Logger("ztunnel"), reg: prometheus.NewRegistry()}
+	a.runCtx, a.runCancel = context.WithCancel(context.Background())
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.log.Info("starting", "version", buildVersion(), "mode", cfg.ProxyMode, "node", cfg.NodeName)
 	fail := func(err error) (*app, error) {
@@ -89,15 +94,19 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 		return fail(err)
 	}
 	a.ready = admin.NewReadiness(cfg.ReadinessAddr, levels.Logger("readiness"))
+	configReady := a.ready.Register("config")
 	if err := a.loadLocalConfig(); err != nil {
 		return fail(err)
 	}
 	if cfg.XDSAddress != "" {
-		if err := a.startXDS(ctx); err != nil {
+		if err := a.startXDS(configReady); err != nil {
 			return fail(err)
 		}
-	} else if cfg.LocalXDSPath == "" && cfg.LocalXDS == nil {
-		a.log.Warn("no configuration source: XDS_ADDRESS and LOCAL_XDS_PATH are both empty")
+	} else {
+		if cfg.LocalXDSPath == "" && cfg.LocalXDS == nil {
+			a.log.Warn("no configuration source: XDS_ADDRESS and LOCAL_XDS_PATH are both empty")
+		}
+		configReady()
 	}
 	if err := a.startCerts(ctx); err != nil {
 		return fail(err)
@@ -146,6 +155,7 @@ func (a *app) quit(ctx context.Context) <-chan struct{} {
 // shutdown drains: stoppers run newest first (data path before config
 // before admin), sharing one deadline.
 func (a *app) shutdown() {
+	a.runCancel()
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.TerminationDeadline)
 	defer cancel()
 	for i := len(a.stoppers) - 1; i >= 0; i-- {
@@ -155,6 +165,7 @@ func (a *app) shutdown() {
 }
 
 func (a *app) shutdownNow() {
+	a.runCancel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for i := len(a.stoppers) - 1; i >= 0; i-- {

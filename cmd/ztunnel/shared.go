@@ -6,7 +6,6 @@ import (
 	"net"
 
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
-	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/inpod"
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
 )
@@ -15,12 +14,14 @@ import (
 // namespace over ZDS, and a proxy is started inside it.
 func (a *app) startShared(ctx context.Context) error {
 	ready := a.ready.Register("inpod snapshot")
+	certs := newCertReadiness(a.certs, a.ready.Register("certificates"))
 	c, err := inpod.New(inpod.Options{
 		UDSPath:   a.cfg.InpodUDS,
-		PodServer: &podServer{a: a},
+		PodServer: &podServer{a: a, certs: certs, ctx: a.runCtx},
 		Netns:     inpod.NetnsOptions{Mark: a.cfg.PacketMark, ReusePort: a.cfg.InpodPortReuse},
 		OnReady: func(ok bool) {
 			if ok {
+				certs.closeSet()
 				ready()
 			}
 		},
@@ -48,7 +49,11 @@ func (a *app) startShared(ctx context.Context) error {
 }
 
 // podServer starts one proxy per pod, inside the pod's network namespace.
-type podServer struct{ a *app }
+type podServer struct {
+	a     *app
+	certs *certReadiness
+	ctx   context.Context // ends at shutdown
+}
 
 func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.WorkloadInfo, ns *inpod.Netns) (inpod.Pod, error) {
 	a := s.a
@@ -76,7 +81,8 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 		pool.Close()
 		return nil, err
 	}
-	pod := &pod{p: p, pool: pool, certs: a.certs, id: p.Identity()}
+	s.certs.track(s.ctx, p.Identity())
+	pod := &pod{p: p, pool: pool}
 	for _, l := range []struct {
 		port  int
 		serve func(net.Listener)
@@ -96,10 +102,8 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 }
 
 type pod struct {
-	p     *proxy.Proxy
-	pool  *hbone.Pool
-	certs *identity.Manager
-	id    identity.Identity
+	p    *proxy.Proxy
+	pool *hbone.Pool
 }
 
 func (p *pod) Drain(ctx context.Context) error {

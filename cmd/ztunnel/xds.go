@@ -1,9 +1,7 @@
 package main
 
-import "context"
-
 // startXDS connects to istiod.
-func (a *app) startXDS(ctx context.Context) error {
+func (a *app) startXDS(ready func()) error {
 	a.log.Warn("xDS client is not wired yet", "address", a.cfg.XDSAddress)
 	return nil
 }

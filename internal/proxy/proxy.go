@@ -213,9 +213,15 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		close(hdone)
 	}()
 	p.conns.drain(ctx)
-	p.cancel()
+	// Streams are done, but their last frames may still be on the way out:
+	// let the HBONE server finish its graceful close unless time is up.
+	select {
+	case <-hdone:
+	case <-ctx.Done():
+	}
 	hcancel()
 	<-hdone
+	p.cancel()
 	p.inbound.Close()
 	p.wg.Wait()
 	return nil

@@ -257,9 +257,22 @@ func TestE2EEchoThroughHBONE(t *testing.T) {
 		if got != float64(2*len(payload)) {
 			t.Errorf("istio_tcp_received_bytes_total{reporter=%s} = %v, want %d", reporter, got, 2*len(payload))
 		}
-		if o := sumCounter(t, m.reg, "istio_tcp_connections_opened_total", "reporter", reporter); o != 2 {
-			t.Errorf("opened{reporter=%s} = %v, want 2", reporter, o)
+		if got := sumCounter(t, m.reg, "istio_tcp_sent_bytes_total", "reporter", reporter); got != float64(2*len(payload)) {
+			t.Errorf("istio_tcp_sent_bytes_total{reporter=%s} = %v, want %d", reporter, got, 2*len(payload))
 		}
+		for _, name := range []string{"istio_tcp_connections_opened_total", "istio_tcp_connections_closed_total"} {
+			if o := sumCounter(t, m.reg, name, "reporter", reporter); o != 2 {
+				t.Errorf("%s{reporter=%s} = %v, want 2", name, reporter, o)
+			}
+		}
+	}
+	// Labels come from workload metadata, not from ports: one series per
+	// reporter and destination, whatever the client ports were.
+	if got := sumCounter(t, m.reg, "istio_tcp_connections_opened_total", "destination_workload", "server"); got != 4 {
+		t.Errorf("opened{destination_workload=server} = %v, want 4", got)
+	}
+	if got := sumCounter(t, m.reg, "istio_tcp_connections_opened_total", "source_principal", "spiffe://cluster.local/ns/ns1/sa/client"); got != 4 {
+		t.Errorf("opened{source_principal=client} = %v, want 4", got)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ztunnel-go/ztunnel/internal/cniemu"
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/identity/identitytest"
@@ -42,6 +43,7 @@ type mesh struct {
 	serverZT    *proxy.Proxy
 	reg         *prometheus.Registry
 	clientCerts *identity.Manager
+	serverCerts *identity.Manager
 	hboneConns  atomic.Int64 // TCP connections accepted on the server's 15008
 }
 
@@ -75,7 +77,9 @@ services:
     80: 7000
 `
 
-func newMesh(t *testing.T, maxStreams int) *mesh {
+func newMesh(t *testing.T, maxStreams int) *mesh { return newMeshTTL(t, maxStreams, 0) }
+
+func newMeshTTL(t *testing.T, maxStreams int, ttl time.Duration) *mesh {
 	t.Helper()
 	c := nstest.NewTestCluster(t, "px"+fmt.Sprint(time.Now().UnixNano()%10000))
 	n1, err := c.AddNode()
@@ -96,7 +100,14 @@ func newMesh(t *testing.T, maxStreams int) *mesh {
 	}
 	// The pod VIP range must route too: services are reached through the
 	// client's capture, so only the route into eth0 matters.
-	redirectOutbound(t, cl.NS)
+	for _, p := range []*nstest.Pod{cl, sv} {
+		if _, err := exec.LookPath("iptables"); err != nil {
+			t.Skip("proxy e2e: skipping: iptables is not installed (scripts/test installs it)")
+		}
+		if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	store, err := state.New(state.Options{})
 	if err != nil {
@@ -108,25 +119,15 @@ func newMesh(t *testing.T, maxStreams int) *mesh {
 	m := &mesh{cluster: c, client: cl, server: sv, store: store, reg: prometheus.NewRegistry()}
 	ca := identitytest.NewLocalCA(t, "cluster.local")
 	metrics := proxy.NewMetrics(m.reg)
-	m.clientCerts = identitytest.NewManager(t, ca)
+	if ttl == 0 {
+		m.clientCerts = identitytest.NewManager(t, ca)
+		m.serverCerts = identitytest.NewManager(t, ca)
+	} else {
+		m.clientCerts, m.serverCerts = shortLived(t, ca, ttl), shortLived(t, ca, ttl)
+	}
 	m.clientZT = m.startProxy(t, cl, proxy.LocalWorkload{Namespace: "ns1", Name: "client", ServiceAccount: "client"}, m.clientCerts, metrics, maxStreams, nil)
-	m.serverZT = m.startProxy(t, sv, proxy.LocalWorkload{Namespace: "ns2", Name: "server", ServiceAccount: "server"}, identitytest.NewManager(t, ca), metrics, maxStreams, &m.hboneConns)
+	m.serverZT = m.startProxy(t, sv, proxy.LocalWorkload{Namespace: "ns2", Name: "server", ServiceAccount: "server"}, m.serverCerts, metrics, maxStreams, &m.hboneConns)
 	return m
-}
-
-// redirectOutbound installs the minimal capture of the in-pod rules: TCP
-// the pod sends to other addresses goes to 15001 unless marked.
-func redirectOutbound(t *testing.T, ns *nstest.NS) {
-	t.Helper()
-	if _, err := exec.LookPath("iptables"); err != nil {
-		t.Skip("proxy e2e: skipping: iptables is not installed (scripts/test installs it)")
-	}
-	out, err := exec.Command("ip", "netns", "exec", ns.Name, "iptables", "-t", "nat", "-A", "OUTPUT",
-		"-p", "tcp", "-m", "mark", "!", "--mark", fmt.Sprintf("%#x/0xfff", mark), "!", "-d", "127.0.0.0/8",
-		"-j", "REDIRECT", "--to-ports", "15001").CombinedOutput()
-	if err != nil {
-		t.Fatalf("iptables in %s: %v: %s", ns.Name, err, out)
-	}
 }
 
 type countingListener struct {
@@ -534,4 +535,111 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func shortLived(t *testing.T, ca identity.CA, ttl time.Duration) *identity.Manager {
+	t.Helper()
+	m, err := identity.NewManager(identity.ManagerOptions{CA: ca, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go m.Run(ctx)
+	t.Cleanup(func() { cancel(); m.Close() })
+	return m
+}
+
+// TestE2ECertRenewalUnderTraffic: with 3 s certificates (the issue's 30 s,
+// scaled down), streams over one pooled HBONE connection keep working
+// across several renewals, including after the certificate the connection
+// was opened with has expired.
+func TestE2ECertRenewalUnderTraffic(t *testing.T) {
+	m := newMeshTTL(t, 100, 3*time.Second)
+	echoServer(t, m.server)
+	dst := netip.AddrPortFrom(m.server.IP, 7000).String()
+	clientID := identity.New("", "ns1", "client")
+	serials := map[string]bool{}
+	deadline := time.Now().Add(8 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := m.client.Dial(ctx, "tcp", dst)
+		if err != nil {
+			cancel()
+			t.Fatalf("request %d: %v", i, err)
+		}
+		msg := []byte(fmt.Sprintf("req %d", i))
+		c.Write(msg)
+		buf := make([]byte, len(msg))
+		_, err = io.ReadFull(c, buf)
+		c.Close()
+		cancel()
+		if err != nil || !bytes.Equal(buf, msg) {
+			t.Fatalf("request %d after %d renewals: %q %v", i, len(serials)-1, buf, err)
+		}
+		cert, err := m.clientCerts.Get(context.Background(), clientID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serials[cert.Leaf().SerialNumber.String()] = true
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(serials) < 4 {
+		t.Fatalf("saw %d client certificates in 8 s of 3 s certs, want ≥ 4 (renewal at half life)", len(serials))
+	}
+	if n := m.hboneConns.Load(); n != 1 {
+		t.Errorf("traffic used %d HBONE connections, want the one pooled connection", n)
+	}
+}
+
+// TestE2EPlaintextInbound: TCP from outside the mesh reaches the server
+// pod's 15006 (iptables PREROUTING) and is delivered; policy applies with
+// no identity.
+func TestE2EPlaintextInbound(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dst := netip.AddrPortFrom(m.server.IP, 7000).String()
+	// Marked, so the client pod's own capture lets it out in plaintext.
+	c, err := markedDial(ctx, m.client, "tcp", dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("plain"))
+	buf := make([]byte, 5)
+	_, err = io.ReadFull(c, buf)
+	c.Close()
+	if err != nil || string(buf) != "plain" {
+		t.Fatalf("plaintext echo = %q, %v", buf, err)
+	}
+	waitFor(t, func() bool {
+		return sumCounter(t, m.reg, "istio_tcp_connections_closed_total", "connection_security_policy", "unknown") == 1
+	})
+	// A policy that requires an identity now refuses plaintext.
+	deny := fmt.Sprintf(meshConfig, m.client.IP, m.server.IP) + `
+policies:
+- name: require-mtls
+  namespace: ns2
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - notPrincipals:
+          - Presence: {}
+`
+	if err := xds.Load("deny.yaml", []byte(deny), m.store); err != nil {
+		t.Fatal(err)
+	}
+	c, err = markedDial(ctx, m.client, "tcp", dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("plain"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(buf); err == nil {
+		t.Fatalf("plaintext allowed through a require-mTLS policy (%d bytes)", n)
+	}
+	waitFor(t, func() bool {
+		return sumCounter(t, m.reg, "istio_ztunnel_authorization_denied_total", "policy", "ns2/require-mtls") == 1
+	})
 }

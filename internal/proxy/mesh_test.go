@@ -1,0 +1,264 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ztunnel-go/ztunnel/internal/cniemu"
+	"github.com/ztunnel-go/ztunnel/internal/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/identity"
+	"github.com/ztunnel-go/ztunnel/internal/identity/identitytest"
+	"github.com/ztunnel-go/ztunnel/internal/nstest"
+	"github.com/ztunnel-go/ztunnel/internal/proxy"
+	"github.com/ztunnel-go/ztunnel/internal/sockopt"
+	"github.com/ztunnel-go/ztunnel/internal/state"
+	"github.com/ztunnel-go/ztunnel/internal/xds"
+)
+
+const mark = 0x539
+
+// mesh is two nodes, each with one pod served by its own dedicated-mode
+// proxy, as a sidecar-less ztunnel in the pod's own namespace would be.
+type mesh struct {
+	cluster     *nstest.Cluster
+	client      *nstest.Pod // on node 1
+	server      *nstest.Pod // on node 2
+	store       *state.Store
+	clientZT    *proxy.Proxy
+	serverZT    *proxy.Proxy
+	reg         *prometheus.Registry
+	clientCerts *identity.Manager
+	serverCerts *identity.Manager
+	hboneConns  atomic.Int64 // TCP connections accepted on the server's 15008
+}
+
+const meshConfig = `
+workloads:
+- uid: c1//Pod/ns1/client
+  name: client
+  namespace: ns1
+  serviceAccount: client
+  workloadIps: ["%[1]s"]
+  protocol: HBONE
+  workloadName: client
+  canonicalName: client
+- uid: c1//Pod/ns2/server
+  name: server
+  namespace: ns2
+  serviceAccount: server
+  workloadIps: ["%[2]s"]
+  protocol: HBONE
+  workloadName: server
+  canonicalName: server
+  services:
+    "ns2/echo.ns2.svc.cluster.local":
+      80: 7000
+services:
+- name: echo
+  namespace: ns2
+  hostname: echo.ns2.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports:
+    80: 7000
+`
+
+func newMesh(t *testing.T, maxStreams int) *mesh { return newMeshTTL(t, maxStreams, 0) }
+
+func newMeshTTL(t *testing.T, maxStreams int, ttl time.Duration) *mesh {
+	t.Helper()
+	c := nstest.NewTestCluster(t, "px"+fmt.Sprint(time.Now().UnixNano()%10000))
+	n1, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := n1.AddPod("cl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv, err := n2.AddPod("sv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pod VIP range must route too: services are reached through the
+	// client's capture, so only the route into eth0 matters.
+	for _, p := range []*nstest.Pod{cl, sv} {
+		if _, err := exec.LookPath("iptables"); err != nil {
+			t.Skip("proxy e2e: skipping: iptables is not installed (scripts/test installs it)")
+		}
+		if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	store, err := state.New(state.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xds.Load("mesh.yaml", []byte(fmt.Sprintf(meshConfig, cl.IP, sv.IP)), store); err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{cluster: c, client: cl, server: sv, store: store, reg: prometheus.NewRegistry()}
+	ca := identitytest.NewLocalCA(t, "cluster.local")
+	metrics := proxy.NewMetrics(m.reg)
+	if ttl == 0 {
+		m.clientCerts = identitytest.NewManager(t, ca)
+		m.serverCerts = identitytest.NewManager(t, ca)
+	} else {
+		m.clientCerts, m.serverCerts = shortLived(t, ca, ttl), shortLived(t, ca, ttl)
+	}
+	m.clientZT = m.startProxy(t, cl, proxy.LocalWorkload{Namespace: "ns1", Name: "client", ServiceAccount: "client"}, m.clientCerts, metrics, maxStreams, nil)
+	m.serverZT = m.startProxy(t, sv, proxy.LocalWorkload{Namespace: "ns2", Name: "server", ServiceAccount: "server"}, m.serverCerts, metrics, maxStreams, &m.hboneConns)
+	return m
+}
+
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+func (m *mesh) startProxy(t *testing.T, pod *nstest.Pod, local proxy.LocalWorkload, certs *identity.Manager, metrics *proxy.Metrics, maxStreams int, count *atomic.Int64) *proxy.Proxy {
+	t.Helper()
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return markedDial(ctx, pod, network, addr)
+	}
+	pool, err := hbone.NewPool(hbone.PoolOptions{Dial: dial, TLS: proxy.PoolTLS(certs), MaxStreamsPerConn: maxStreams})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := proxy.New(proxy.Options{
+		State:   m.store.Snapshot,
+		Pool:    pool,
+		Certs:   certs,
+		Dial:    dial,
+		Local:   local,
+		Metrics: metrics,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := func(port int) net.Listener {
+		ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ln
+	}
+	p.ServeOutbound(listen(proxy.OutboundPort))
+	p.ServeInboundPlaintext(listen(proxy.InboundPlaintextPort))
+	hb := listen(proxy.HBONEPort)
+	if count != nil {
+		hb = countingListener{hb, count}
+	}
+	p.ServeHBONE(hb)
+	t.Cleanup(func() {
+		p.Close()
+		pool.Close()
+	})
+	return p
+}
+
+// echoServer runs in the server pod on port 7000: it copies back what it
+// reads until EOF, then half-closes.
+func echoServer(t *testing.T, pod *nstest.Pod) {
+	t.Helper()
+	ln, err := pod.Listen("tcp", netip.AddrPortFrom(pod.IP, 7000).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+}
+
+func markedDial(ctx context.Context, pod *nstest.Pod, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := pod.Do(func() (err error) {
+		d := net.Dialer{Control: sockopt.Mark(mark)}
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+func sumCounter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					total += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func shortLived(t *testing.T, ca identity.CA, ttl time.Duration) *identity.Manager {
+	t.Helper()
+	m, err := identity.NewManager(identity.ManagerOptions{CA: ca, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go m.Run(ctx)
+	t.Cleanup(func() { cancel(); m.Close() })
+	return m
+}

@@ -97,6 +97,8 @@ type Config struct {
 	TrustDomain   string
 	Metadata      map[string]string // ISTIO_META_* with the prefix removed
 
+	// InstanceIP is the ztunnel pod's IP (INSTANCE_IP), sent in the xDS node id.
+	InstanceIP string
 	// Identity of the ztunnel pod itself (downward API), if known.
 	SelfNamespace      string
 	SelfName           string
@@ -192,6 +194,7 @@ func Parse(environ []string) (*Config, error) {
 	c.Network = p.str("NETWORK", "")
 	c.TrustDomain = p.str("TRUST_DOMAIN", defaultClusterDomain)
 	c.Metadata = p.prefixed("ISTIO_META_")
+	c.InstanceIP = p.str("INSTANCE_IP", "")
 	c.SelfNamespace = p.str("POD_NAMESPACE", "")
 	c.SelfName = p.str("POD_NAME", "")
 	c.SelfServiceAccount = p.str("SERVICE_ACCOUNT", "")

@@ -198,8 +198,10 @@ func (s *Server) Stop() {
 	if gs == nil {
 		return
 	}
-	cancel()
+	// Connections first, so clients see a broken transport rather than a
+	// clean end of stream; then the delta server's context.
 	gs.Stop()
+	cancel()
 	<-served
 }
 

@@ -28,6 +28,7 @@ func (a *app) startDedicated(ctx context.Context) error {
 		Network:     a.cfg.Network,
 		ClusterID:   a.cfg.ClusterID,
 		Metrics:     a.proxyMetrics(),
+		Registerer:  a.reg,
 		Logger:      a.levels.Logger("access"),
 	})
 	if err != nil {
@@ -67,6 +68,7 @@ func (a *app) newPool(dial func(ctx context.Context, network, addr string) (net.
 		MaxStreamsPerConn: a.cfg.PoolMaxStreamsPerConn,
 		IdleTimeout:       a.cfg.PoolUnusedRelease,
 		Logger:            a.levels.Logger("pool"),
+		Registerer:        a.reg,
 	})
 }
 

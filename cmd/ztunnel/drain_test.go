@@ -28,71 +28,10 @@ import (
 // byte-identical within the grace period, a new connection after SIGTERM
 // must be refused, and the process must exit 0.
 func TestDrainOnSIGTERM(t *testing.T) {
-	nstest.RequireRoot(t)
-	if _, err := exec.LookPath("iptables"); err != nil {
-		t.Skip("drain: skipping: iptables is not installed (scripts/test installs it)")
-	}
-	c := nstest.NewTestCluster(t, "zdr")
-	node, err := c.AddNode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := node.AddPod("cl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv, err := node.AddPod("sv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink(t, sv)
-
-	dir := t.TempDir()
-	cfg := fmt.Sprintf(`workloads:
-- {uid: c//Pod/d/cl, name: cl, namespace: d, serviceAccount: cl, workloadIps: ["%s"], protocol: HBONE}
-- {uid: c//Pod/d/sv, name: sv, namespace: d, serviceAccount: sv, workloadIps: ["%s"], protocol: HBONE}
-`, cl.IP, sv.IP)
-	cfgPath := filepath.Join(dir, "mesh.yaml")
-	os.WriteFile(cfgPath, []byte(cfg), 0o600)
-	cni, err := cniemu.New(cniemu.Options{Path: filepath.Join(dir, "ztunnel.sock")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, ccancel := context.WithCancel(context.Background())
-	defer ccancel()
-	go cni.Run(cctx)
-	defer cni.Close()
-
-	logPath := filepath.Join(dir, "ztunnel.log")
-	logf, _ := os.Create(logPath)
-	defer logf.Close()
-	cmd := exec.Command(binary)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "LOCAL_XDS_PATH=" + cfgPath, "FAKE_CA=true", "XDS_ADDRESS=",
-		"INPOD_UDS=" + cni.Path(), "TERMINATION_GRACE_PERIOD_SECONDS=12"}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := node.Do(cmd.Start); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer cmd.Process.Kill()
+	n := newInpodNode(t, "zdr", "TERMINATION_GRACE_PERIOD_SECONDS=12")
+	cl, sv, cmd, exited, logPath := n.cl, n.sv, n.cmd, n.exited, n.logPath
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, p := range []*nstest.Pod{cl, sv} {
-		if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		f, err := os.Open(p.Path())
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := strings.TrimPrefix(p.Name, "zdr-")
-		if err := cni.AddPod(ctx, "uid-"+name, &zdspb.WorkloadInfo{Name: name, Namespace: "d", ServiceAccount: name}, f); err != nil {
-			t.Fatalf("add pod %s: %v\n%s", name, err, readFile(logPath))
-		}
-		f.Close()
-	}
-
 	dst := netip.AddrPortFrom(sv.IP, 7100).String()
 	conn, err := cl.Dial(ctx, "tcp", dst)
 	if err != nil {
@@ -154,6 +93,85 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("ztunnel did not exit after the transfer finished\n%s", readFile(logPath))
 	}
+}
+
+// inpodNode is one node with a ztunnel process in in-pod mode, its CNI
+// emulator, and two enrolled pods: cl and sv (sv runs the sink on 7100).
+type inpodNode struct {
+	node    *nstest.Node
+	cl, sv  *nstest.Pod
+	cmd     *exec.Cmd
+	exited  chan error
+	logPath string
+}
+
+func newInpodNode(t *testing.T, prefix string, env ...string) *inpodNode {
+	t.Helper()
+	nstest.RequireRoot(t)
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skip("inpod: skipping: iptables is not installed (scripts/test installs it)")
+	}
+	c := nstest.NewTestCluster(t, prefix)
+	node, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := node.AddPod("cl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv, err := node.AddPod("sv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink(t, sv)
+
+	dir := t.TempDir()
+	cfg := fmt.Sprintf(`workloads:
+- {uid: c//Pod/d/cl, name: cl, namespace: d, serviceAccount: cl, workloadIps: ["%s"], protocol: HBONE}
+- {uid: c//Pod/d/sv, name: sv, namespace: d, serviceAccount: sv, workloadIps: ["%s"], protocol: HBONE}
+`, cl.IP, sv.IP)
+	cfgPath := filepath.Join(dir, "mesh.yaml")
+	os.WriteFile(cfgPath, []byte(cfg), 0o600)
+	cni, err := cniemu.New(cniemu.Options{Path: filepath.Join(dir, "ztunnel.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithCancel(context.Background())
+	go cni.Run(cctx)
+	t.Cleanup(func() { ccancel(); cni.Close() })
+
+	logPath := filepath.Join(dir, "ztunnel.log")
+	logf, _ := os.Create(logPath)
+	t.Cleanup(func() { logf.Close() })
+	cmd := exec.Command(binary)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "LOCAL_XDS_PATH=" + cfgPath, "FAKE_CA=true", "XDS_ADDRESS=",
+		"INPOD_UDS=" + cni.Path()}, env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := node.Do(cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, p := range []*nstest.Pod{cl, sv} {
+		if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(p.Name, prefix+"-")
+		if err := cni.AddPod(ctx, "uid-"+name, &zdspb.WorkloadInfo{Name: name, Namespace: "d", ServiceAccount: name}, f); err != nil {
+			t.Fatalf("add pod %s: %v\n%s", name, err, readFile(logPath))
+		}
+		f.Close()
+	}
+
+	return &inpodNode{node: node, cl: cl, sv: sv, cmd: cmd, exited: exited, logPath: logPath}
 }
 
 // sink answers each connection with "<bytes> <sha256>\n" after reading to EOF.

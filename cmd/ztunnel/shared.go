@@ -75,6 +75,7 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 		Network:     a.cfg.Network,
 		ClusterID:   a.cfg.ClusterID,
 		Metrics:     a.proxyMetrics(),
+		Registerer:  a.reg,
 		Logger:      a.levels.Logger("access").With("pod", info.Namespace+"/"+info.Name),
 	})
 	if err != nil {

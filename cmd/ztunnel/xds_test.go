@@ -29,7 +29,7 @@ func dumpUIDs(t *testing.T, admin string) (workloads, policies []string) {
 	t.Helper()
 	_, body := get(t, "http://"+admin+"/config_dump")
 	var d struct {
-		Workloads []struct{ UID string } `json:"workloads"`
+		Workloads []struct{ UID string }  `json:"workloads"`
 		Policies  []struct{ Name string } `json:"policies"`
 	}
 	if err := json.Unmarshal(body, &d); err != nil {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/rbac"
@@ -56,6 +58,9 @@ type Options struct {
 	Metrics *Metrics
 	// Logger receives access logs and errors; nil discards.
 	Logger *slog.Logger
+	// Registerer receives the HBONE server's metrics (shared safely by
+	// many proxies); nil means none.
+	Registerer prometheus.Registerer
 	// ConnectTimeout bounds upstream dials; 0 means 10s.
 	ConnectTimeout time.Duration
 }
@@ -105,9 +110,10 @@ func New(opts Options) (*Proxy, error) {
 		conns:  newTracker(),
 	}
 	srv, err := hbone.NewServer(hbone.ServerOptions{
-		TLS:     opts.Certs.ServerConfig(p.self),
-		Handler: p.handleHBONE,
-		Logger:  log,
+		TLS:        opts.Certs.ServerConfig(p.self),
+		Handler:    p.handleHBONE,
+		Logger:     log,
+		Registerer: opts.Registerer,
 	})
 	if err != nil {
 		cancel()

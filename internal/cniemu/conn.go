@@ -172,7 +172,7 @@ func (s *Server) serve(ctx context.Context, c *conn) error {
 }
 
 // exchange writes one request and reads its Ack.
-func (c *conn) exchange(msg proto.Message, raw []byte, fds []int, timeout time.Duration) (*zdspb.WorkloadResponse, error) {
+func (c *conn) exchange(msg *zdspb.WorkloadRequest, raw []byte, fds []int, timeout time.Duration) (*zdspb.WorkloadResponse, error) {
 	data := raw
 	if msg != nil {
 		var err error

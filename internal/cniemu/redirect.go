@@ -242,4 +242,3 @@ func installRouting(v6 bool) error {
 	}
 	return nil
 }
-

@@ -364,4 +364,3 @@ func closeAll(fds []int) {
 		_ = unix.Close(fd)
 	}
 }
-

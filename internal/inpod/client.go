@@ -168,8 +168,12 @@ func (c *Client) Shutdown(ctx context.Context) error {
 	if c.started.Load() {
 		select {
 		case <-c.runDone:
-		case <-ctx.Done():
-			return fmt.Errorf("inpod: shutdown: %w", ctx.Err())
+		default:
+			select {
+			case <-c.runDone:
+			case <-ctx.Done():
+				return fmt.Errorf("inpod: shutdown: wait for the client loop: %w", ctx.Err())
+			}
 		}
 	}
 	c.drainMu.Lock()

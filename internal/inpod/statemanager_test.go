@@ -2,12 +2,16 @@ package inpod
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
 	"sort"
 	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ztunnel-go/ztunnel/internal/inpod/zdspb"
 )
@@ -113,31 +117,31 @@ func TestStateMachine(t *testing.T) {
 			steps:       []step{{op: "snap"}, {op: "add", uid: "a", ns: 1}, {op: "add", uid: "a", ns: 2}},
 			wantRunning: []string{"a"}, wantStarts: 2, wantDrained: []string{"a"}, wantReady: true},
 		{name: "add without workload info",
-			steps: []step{{op: "add", uid: "a", ns: 1, noInfo: true, reason: ReasonMissingInfo}, {op: "snap"}},
+			steps:     []step{{op: "add", uid: "a", ns: 1, noInfo: true, reason: ReasonMissingInfo}, {op: "snap"}},
 			wantReady: true},
 		{name: "add without uid",
-			steps: []step{{op: "add", ns: 1, reason: ReasonMissingUID}, {op: "snap"}},
+			steps:     []step{{op: "add", ns: 1, reason: ReasonMissingUID}, {op: "snap"}},
 			wantReady: true},
 		{name: "add with an fd that is not a netns",
-			steps: []step{{op: "snap"}, {op: "add", uid: "a", ns: notNetnsFD - fakeFDBase, reason: ReasonNotNetns}},
+			steps:     []step{{op: "snap"}, {op: "add", uid: "a", ns: notNetnsFD - fakeFDBase, reason: ReasonNotNetns}},
 			wantReady: true},
 		{name: "keep for an unknown uid",
-			steps: []step{{op: "keep", uid: "ghost", reason: ReasonKeepUnknown}, {op: "snap"}},
+			steps:     []step{{op: "keep", uid: "ghost", reason: ReasonKeepUnknown}, {op: "snap"}},
 			wantReady: true},
 		{name: "keep after snapshot",
-			steps: []step{{op: "add", uid: "a", ns: 1}, {op: "snap"}, {op: "keep", uid: "a", reason: ReasonKeepAfterSnapshot}},
+			steps:       []step{{op: "add", uid: "a", ns: 1}, {op: "snap"}, {op: "keep", uid: "a", reason: ReasonKeepAfterSnapshot}},
 			wantRunning: []string{"a"}, wantStarts: 1, wantReady: true},
 		{name: "second snapshot on one connection",
-			steps: []step{{op: "snap"}, {op: "snap", reason: ReasonDuplicateSnapshot}},
+			steps:     []step{{op: "snap"}, {op: "snap", reason: ReasonDuplicateSnapshot}},
 			wantReady: true},
 		{name: "del of an unknown uid is fine",
-			steps: []step{{op: "snap"}, {op: "del", uid: "ghost"}},
+			steps:     []step{{op: "snap"}, {op: "del", uid: "ghost"}},
 			wantReady: true},
 		{name: "del after snapshot drains immediately",
-			steps: []step{{op: "snap"}, {op: "add", uid: "a", ns: 1}, {op: "del", uid: "a"}},
+			steps:      []step{{op: "snap"}, {op: "add", uid: "a", ns: 1}, {op: "del", uid: "a"}},
 			wantStarts: 1, wantDrained: []string{"a"}, wantReady: true},
 		{name: "del before snapshot removes the pod at snapshot",
-			steps: []step{{op: "add", uid: "a", ns: 1}, {op: "del", uid: "a"}, {op: "snap"}},
+			steps:      []step{{op: "add", uid: "a", ns: 1}, {op: "del", uid: "a"}, {op: "snap"}},
 			wantStarts: 1, wantDrained: []string{"a"}, wantReady: true},
 		{name: "reconnect: kept and re-added pods stay, others are removed",
 			steps: []step{
@@ -274,5 +278,71 @@ func TestReplacedPodKeepsNewNetns(t *testing.T) {
 	defer srv.mu.Unlock()
 	if len(srv.drained) != 1 || srv.drained[0].ns.Inode != fakeFDBase+1 {
 		t.Fatalf("drained %+v, want the first netns", srv.drained)
+	}
+}
+
+func TestWorkloadStateShape(t *testing.T) {
+	srv := &fakeServer{fail: map[string]error{"uid2": errors.New("boom")}}
+	s := newTestState(t, srv)
+	ctx := context.Background()
+	info := &zdspb.WorkloadInfo{Name: "name", Namespace: "ns", ServiceAccount: "sa"}
+	_ = s.handle(ctx, Request{Kind: KindAdd, UID: "uid1", Info: info, FD: fakeFDBase + 1})
+	_ = s.handle(ctx, Request{Kind: KindAdd, UID: "uid2", Info: info, FD: fakeFDBase + 2})
+	got, err := json.Marshal(s.dump())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// upstream's src/inpod/admin.rs test output, one entry per phase
+	want := `{"uid1":{"info":{"name":"name","namespace":"ns","serviceAccount":"sa"},"state":"Up"},` +
+		`"uid2":{"info":{"name":"name","namespace":"ns","serviceAccount":"sa"},"state":"Pending"}}`
+	if string(got) != want {
+		t.Fatalf("dump\n got %s\nwant %s", got, want)
+	}
+	if err := s.drainAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := json.Marshal(s.dump()); string(got) != "{}" {
+		t.Fatalf("after drain: %s", got)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newMetrics(reg); err == nil {
+		t.Fatal("registering twice succeeded")
+	}
+	srv := &fakeServer{fail: map[string]error{"bad": errors.New("boom")}}
+	s := newStateManager(srv, slog.New(slog.DiscardHandler), m, func(fd int) (*Netns, error) {
+		return &Netns{id: NetnsID{Inode: uint64(fd)}, fd: -1}, nil
+	})
+	ctx := context.Background()
+	info := &zdspb.WorkloadInfo{Name: "x"}
+	_ = s.handle(ctx, Request{Kind: KindAdd, UID: "a", Info: info, FD: fakeFDBase + 1})
+	_ = s.handle(ctx, Request{Kind: KindAdd, UID: "bad", Info: info, FD: fakeFDBase + 2})
+	_ = s.handle(ctx, Request{Kind: KindSnapshotSent, FD: -1})
+	_ = s.handle(ctx, Request{Kind: KindDel, UID: "a", FD: -1})
+	s.drains.Wait()
+	for name, tc := range map[string]struct {
+		c    prometheus.Collector
+		want float64
+	}{
+		"active":  {m.active, 0},
+		"pending": {m.pending, 1},
+		"started": {m.started, 1},
+		"stopped": {m.stopped, 1},
+	} {
+		if got := testutil.ToFloat64(tc.c); got != tc.want {
+			t.Errorf("%s = %v, want %v", name, got, tc.want)
+		}
+	}
+	if err := s.drainAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.pending); got != 0 {
+		t.Errorf("pending after drainAll = %v", got)
 	}
 }

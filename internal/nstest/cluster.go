@@ -134,6 +134,21 @@ func (c *Cluster) vethPair(a, b *NS, aName, bName string) error {
 	})
 }
 
+// enslave attaches link to bridge inside ns.
+func (c *Cluster) enslave(ns *NS, link, bridge string) error {
+	return c.withLink(ns, func(h *netlink.Handle) error {
+		l, err := h.LinkByName(link)
+		if err != nil {
+			return err
+		}
+		br, err := h.LinkByName(bridge)
+		if err != nil {
+			return err
+		}
+		return h.LinkSetMaster(l, br)
+	})
+}
+
 func (c *Cluster) nextVeth() string {
 	c.seq++
 	return fmt.Sprintf("vz%d", c.seq)
@@ -158,17 +173,7 @@ func (c *Cluster) AddNode() (*Node, error) {
 	if err := c.vethPair(c.Fabric, ns, fab, "eth0"); err != nil {
 		return nil, err
 	}
-	if err := c.withLink(c.Fabric, func(h *netlink.Handle) error {
-		l, err := h.LinkByName(fab)
-		if err != nil {
-			return err
-		}
-		br, err := h.LinkByName("fabric0")
-		if err != nil {
-			return err
-		}
-		return h.LinkSetMaster(l, br)
-	}); err != nil {
+	if err := c.enslave(c.Fabric, fab, "fabric0"); err != nil {
 		return nil, err
 	}
 	if err := c.withLink(ns, func(h *netlink.Handle) error {
@@ -228,17 +233,7 @@ func (n *Node) AddPod(name string) (*Pod, error) {
 	if err := c.vethPair(n.NS, ns, hostSide, "eth0"); err != nil {
 		return nil, err
 	}
-	if err := c.withLink(n.NS, func(h *netlink.Handle) error {
-		l, err := h.LinkByName(hostSide)
-		if err != nil {
-			return err
-		}
-		br, err := h.LinkByName("br0")
-		if err != nil {
-			return err
-		}
-		return h.LinkSetMaster(l, br)
-	}); err != nil {
+	if err := c.enslave(n.NS, hostSide, "br0"); err != nil {
 		return nil, err
 	}
 	if err := c.withLink(ns, func(h *netlink.Handle) error {

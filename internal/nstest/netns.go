@@ -12,6 +12,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/ztunnel-go/ztunnel/internal/inpod"
 )
 
 // RequireRoot skips tb unless the process can manage network namespaces.
@@ -26,6 +28,7 @@ func RequireRoot(tb testing.TB) {
 type NS struct {
 	Name   string
 	Handle netns.NsHandle
+	run    *inpod.Netns
 }
 
 // NewNS creates the named namespace (replacing a stale one of the same name
@@ -49,7 +52,13 @@ func NewNS(name string) (*NS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nstest: create netns %s: %w", name, err)
 	}
-	n := &NS{Name: name, Handle: h}
+	run, err := inpod.OpenNetns(filepath.Join("/var/run/netns", name), inpod.NetnsOptions{})
+	if err != nil {
+		h.Close()
+		_ = netns.DeleteNamed(name)
+		return nil, fmt.Errorf("nstest: %w", err)
+	}
+	n := &NS{Name: name, Handle: h, run: run}
 	if err := n.linkUp("lo"); err != nil {
 		n.Close()
 		return nil, err
@@ -74,43 +83,19 @@ func (n *NS) Close() {
 	if n.Handle.IsOpen() {
 		n.Handle.Close()
 	}
+	if n.run != nil {
+		n.run.Close()
+	}
 	_ = netns.DeleteNamed(n.Name)
 }
 
 // Path is the namespace's bind-mount, usable with setns or `ip netns exec`.
 func (n *NS) Path() string { return filepath.Join("/var/run/netns", n.Name) }
 
-// Do runs fn on an OS thread that is inside n. Sockets fn creates belong to
-// n and may be used from any goroutine afterwards. Goroutines fn starts do
-// not inherit the namespace.
-func (n *NS) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	// A fresh goroutine so a thread that cannot switch back is thrown away
-	// (left locked when the goroutine exits) rather than reused.
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("nstest: get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(n.Handle); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("nstest: enter netns %s: %w", n.Name, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("nstest: leave netns %s: %w", n.Name, err)
-			return // thread stays locked and dies with the goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+// Do runs fn on an OS thread that is inside n (inpod's netns runner, the
+// same code the proxy uses). Sockets fn creates belong to n and may be used
+// from any goroutine afterwards; child processes fn starts are born in n.
+func (n *NS) Do(fn func() error) error { return n.run.Do(fn) }
 
 // Listen opens a listener inside n.
 func (n *NS) Listen(network, addr string) (net.Listener, error) {

@@ -213,6 +213,7 @@ func (a *app) startCerts(ctx context.Context) error {
 		opts := caclient.Options{
 			Address:     a.cfg.CAAddress,
 			RootCA:      rootCASetting(a.cfg.CARootCA),
+			AltHostname: a.cfg.AltCAHostname,
 			TokenFile:   a.cfg.AuthToken.File,
 			StaticToken: a.cfg.AuthToken.Static,
 			ClusterID:   a.cfg.ClusterID,

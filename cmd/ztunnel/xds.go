@@ -14,8 +14,9 @@ import (
 func (a *app) startXDS(ready func()) error {
 	cfg := a.cfg
 	opts := xds.Options{
-		Address: cfg.XDSAddress,
-		Headers: cfg.XDSHeaders,
+		Address:     cfg.XDSAddress,
+		AltHostname: cfg.AltXDSHostname,
+		Headers:     cfg.XDSHeaders,
 		Node: xds.NodeInfo{
 			IP:           cfg.InstanceIP,
 			PodName:      cfg.SelfName,
@@ -23,6 +24,7 @@ func (a *app) startXDS(ready func()) error {
 			NodeName:     cfg.NodeName,
 			ClusterID:    cfg.ClusterID,
 			Metadata:     cfg.Metadata,
+			JSONMetadata: cfg.JSONMetadata,
 		},
 		Handler:    a.store,
 		Logger:     a.levels.Logger("xds"),

@@ -75,13 +75,17 @@ type Config struct {
 	XDSRootCA   RootCert
 	XDSOnDemand bool
 	XDSHeaders  map[string]string
-	CAAddress   string // "" when FAKE_CA is on
-	CARootCA    RootCert
-	CAHeaders   map[string]string
-	AuthToken   AuthToken
-	FakeCA      bool
-	LocalCADir  string
-	SecretTTL   time.Duration
+	// AltXDSHostname and AltCAHostname are extra names accepted in the
+	// server certificates (ALT_XDS_HOSTNAME, ALT_CA_HOSTNAME).
+	AltXDSHostname string
+	AltCAHostname  string
+	CAAddress      string // "" when FAKE_CA is on
+	CARootCA       RootCert
+	CAHeaders      map[string]string
+	AuthToken      AuthToken
+	FakeCA         bool
+	LocalCADir     string
+	SecretTTL      time.Duration
 
 	LocalXDSPath string
 	LocalXDS     []byte // inline local config (LOCAL_XDS)
@@ -96,6 +100,7 @@ type Config struct {
 	Network       string
 	TrustDomain   string
 	Metadata      map[string]string // ISTIO_META_* with the prefix removed
+	JSONMetadata  map[string]string // ISTIO_METAJSON_* (JSON text values)
 
 	// InstanceIP is the ztunnel pod's IP (INSTANCE_IP), sent in the xDS node id.
 	InstanceIP string
@@ -156,6 +161,8 @@ func Parse(environ []string) (*Config, error) {
 	c.XDSRootCA = p.rootCert("XDS_ROOT_CA")
 	c.XDSOnDemand = p.boolean("XDS_ON_DEMAND", false)
 	c.XDSHeaders = p.prefixed("XDS_HEADER_")
+	c.AltXDSHostname = p.str("ALT_XDS_HOSTNAME", "")
+	c.AltCAHostname = p.str("ALT_CA_HOSTNAME", "")
 	c.FakeCA = p.boolean("FAKE_CA", false)
 	if !c.FakeCA {
 		c.CAAddress = p.uri("CA_ADDRESS", defaultIstiod)
@@ -194,6 +201,7 @@ func Parse(environ []string) (*Config, error) {
 	c.Network = p.str("NETWORK", "")
 	c.TrustDomain = p.str("TRUST_DOMAIN", defaultClusterDomain)
 	c.Metadata = p.prefixed("ISTIO_META_")
+	c.JSONMetadata = p.prefixed("ISTIO_METAJSON_")
 	c.InstanceIP = p.str("INSTANCE_IP", "")
 	c.SelfNamespace = p.str("POD_NAMESPACE", "")
 	c.SelfName = p.str("POD_NAME", "")

@@ -98,6 +98,8 @@ func TestDrainOnSIGTERM(t *testing.T) {
 // inpodNode is one node with a ztunnel process in in-pod mode, its CNI
 // emulator, and two enrolled pods: cl and sv (sv runs the sink on 7100).
 type inpodNode struct {
+	cluster *nstest.Cluster
+	cni     *cniemu.Server
 	node    *nstest.Node
 	cl, sv  *nstest.Pod
 	cmd     *exec.Cmd
@@ -171,7 +173,7 @@ func newInpodNode(t *testing.T, prefix string, env ...string) *inpodNode {
 		f.Close()
 	}
 
-	return &inpodNode{node: node, cl: cl, sv: sv, cmd: cmd, exited: exited, logPath: logPath}
+	return &inpodNode{cluster: c, cni: cni, node: node, cl: cl, sv: sv, cmd: cmd, exited: exited, logPath: logPath}
 }
 
 // sink answers each connection with "<bytes> <sha256>\n" after reading to EOF.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -109,6 +110,13 @@ type inpodNode struct {
 
 func newInpodNode(t *testing.T, prefix string, env ...string) *inpodNode {
 	t.Helper()
+	return newInpodNodeWith(t, prefix, nil, env...)
+}
+
+// newInpodNodeWith runs setup (if not nil) in the new node before ztunnel
+// starts; the env it returns is added to ztunnel's.
+func newInpodNodeWith(t *testing.T, prefix string, setup func(*nstest.Node) []string, env ...string) *inpodNode {
+	t.Helper()
 	nstest.RequireRoot(t)
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("inpod: skipping: iptables is not installed (scripts/test installs it)")
@@ -146,9 +154,15 @@ func newInpodNode(t *testing.T, prefix string, env ...string) *inpodNode {
 	logPath := filepath.Join(dir, "ztunnel.log")
 	logf, _ := os.Create(logPath)
 	t.Cleanup(func() { logf.Close() })
+	if setup != nil {
+		env = append(env, setup(node)...)
+	}
 	cmd := exec.Command(binary)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "LOCAL_XDS_PATH=" + cfgPath, "FAKE_CA=true", "XDS_ADDRESS=",
-		"INPOD_UDS=" + cni.Path()}, env...)
+	base := []string{"PATH=" + os.Getenv("PATH"), "FAKE_CA=true", "INPOD_UDS=" + cni.Path()}
+	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "XDS_ADDRESS=") }) {
+		base = append(base, "LOCAL_XDS_PATH="+cfgPath, "XDS_ADDRESS=")
+	}
+	cmd.Env = append(base, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := node.Do(cmd.Start); err != nil {
 		t.Fatal(err)

@@ -14,12 +14,13 @@ import (
 // crypto/tls makes on its own (alerts, key updates) pass straight through,
 // so nothing waits in the buffer.
 const (
-	// batchMinWrite: below this a Write makes at most two records; gathering
-	// them would save one syscall at the cost of a copy.
-	batchMinWrite = 32 << 10
-	// batchBufSize: 16 records with their overhead; larger buffers gain
-	// little on loopback (measured) and cost memory while a write runs.
-	batchBufSize = 16 * (16<<10 + 64)
+	// batchMinWrite: a Write of one record or less has nothing to gather;
+	// above it, every extra record saves a syscall for a 16 KiB copy.
+	batchMinWrite = 16<<10 + 1
+	// batchBufSize holds one maximum-size DATA frame (frame header plus
+	// payload, split into records with their overhead), so a frame goes out
+	// in one syscall; a larger write is flushed each time the buffer fills.
+	batchBufSize = ((maxFrameSize+9)/(16<<10) + 1) * (16<<10 + 64)
 )
 
 // batchBufs holds gather buffers between writes, so an idle connection

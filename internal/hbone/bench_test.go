@@ -11,7 +11,9 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // syscalls returns the process's read and write syscall counts
@@ -37,14 +39,39 @@ func syscalls() (r, w float64) {
 	return r, w
 }
 
-// reportSyscalls reports syscalls per MiB since (r0, w0) for total bytes.
-func reportSyscalls(b *testing.B, r0, w0 float64, total int64) {
-	r1, w1 := syscalls()
-	mib := float64(total) / (1 << 20)
-	if mib > 0 && r1 > 0 {
-		b.ReportMetric((r1-r0)/mib, "reads/MiB")
-		b.ReportMetric((w1-w0)/mib, "writes/MiB")
+// cpuTime is the process's user+system CPU time. On a shared machine it
+// is a steadier measure of cost than wall-clock throughput.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
 	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+type costMeter struct {
+	r, w float64
+	cpu  time.Duration
+}
+
+func startCost() costMeter {
+	r, w := syscalls()
+	return costMeter{r: r, w: w, cpu: cpuTime()}
+}
+
+// report reports syscalls and CPU time (both ends) per MiB moved.
+func (m costMeter) report(b *testing.B, total int64) {
+	r1, w1 := syscalls()
+	cpu := cpuTime() - m.cpu
+	mib := float64(total) / (1 << 20)
+	if mib <= 0 {
+		return
+	}
+	if r1 > 0 {
+		b.ReportMetric((r1-m.r)/mib, "reads/MiB")
+		b.ReportMetric((w1-m.w)/mib, "writes/MiB")
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/mib, "cpu-µs/MiB")
 }
 
 // Benchmarks compare HBONE (TLS 1.3 + HTTP/2 CONNECT over loopback) with
@@ -127,11 +154,12 @@ var tunings = []struct {
 	name string
 	t    *h2Tuning
 }{
-	{"tuned", nil},                 // 4 MiB stream, 16 MiB conn, 1 MiB frames
-	{"xnet-defaults", &h2Tuning{}}, // x/net's own defaults on both sides
+	{"tuned", nil}, // 4 MiB stream, 16 MiB conn window, 64 KiB frames, batched records
+	{"1MiB-frames", &h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: 1 << 20}}, // upstream's frame size
 	{"16KiB-frames", &h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: 16 << 10}},
 	{"no-batch", &h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: maxFrameSize, noBatch: true}},
-	{"xnet-defaults-no-batch", &h2Tuning{noBatch: true}},
+	{"xnet-defaults", &h2Tuning{}},                       // x/net's own windows and frame sizes
+	{"xnet-defaults-no-batch", &h2Tuning{noBatch: true}}, // plain x/net over crypto/tls
 }
 
 func BenchmarkThroughput(b *testing.B) {
@@ -158,7 +186,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.SetBytes(benchChunk)
 			b.ReportAllocs()
 			b.ResetTimer()
-			r0, w0 := syscalls()
+			cost := startCost()
 			s, err := e.pool.Connect(testCtx(b), e.key, "127.0.0.1:80", hdr)
 			if err != nil {
 				b.Fatal(err)
@@ -169,7 +197,7 @@ func BenchmarkThroughput(b *testing.B) {
 			if err != nil || n != total {
 				b.Fatalf("downloaded %d of %d: %v", n, total, err)
 			}
-			reportSyscalls(b, r0, w0, total)
+			cost.report(b, total)
 		})
 	}
 }
@@ -194,7 +222,7 @@ func benchUpload(b *testing.B, c halfCloser) {
 	b.SetBytes(benchChunk)
 	b.ReportAllocs()
 	b.ResetTimer()
-	r0, w0 := syscalls()
+	cost := startCost()
 	for range b.N {
 		if _, err := c.Write(buf); err != nil {
 			b.Fatal(err)
@@ -206,15 +234,28 @@ func benchUpload(b *testing.B, c halfCloser) {
 		b.Fatal(err)
 	}
 	b.StopTimer()
-	reportSyscalls(b, r0, w0, n)
+	cost.report(b, n)
 	if n != int64(b.N)*benchChunk {
 		b.Fatalf("sink got %d bytes, sent %d", n, int64(b.N)*benchChunk)
 	}
 }
 
+func gcTwice() {
+	runtime.GC()
+	runtime.GC()
+}
+
 // BenchmarkIdleStream reports the memory and goroutines one open, idle
-// stream costs on both ends (client pool and server in one process).
+// stream costs on both ends (client pool and server in one process), per
+// frame-size setting: x/net's client holds a write buffer sized to the
+// peer's max frame (capped at 512 KiB) for the life of each stream.
 func BenchmarkIdleStream(b *testing.B) {
+	for _, tu := range tunings[:3] {
+		b.Run(tu.name, func(b *testing.B) { benchIdleStream(b, tu.t) })
+	}
+}
+
+func benchIdleStream(b *testing.B, tu *h2Tuning) {
 	const n = 500
 	e := newEnv(b, func(ctx context.Context, req *Request) {
 		st, err := req.Accept(nil)
@@ -223,10 +264,13 @@ func BenchmarkIdleStream(b *testing.B) {
 		}
 		defer st.Close()
 		io.Copy(io.Discard, st)
-	}, envOpts{})
+	}, envOpts{
+		pool:   func(o *PoolOptions) { o.tuning = tu },
+		server: func(o *ServerOptions) { o.tuning = tu },
+	})
 	ctx := testCtx(b)
 	for range b.N {
-		runtime.GC()
+		gcTwice() // also empties sync.Pools (victim cache included)
 		var before runtime.MemStats
 		runtime.ReadMemStats(&before)
 		g0 := runtime.NumGoroutine()
@@ -248,5 +292,36 @@ func BenchmarkIdleStream(b *testing.B) {
 			io.Copy(io.Discard, s)
 			s.Close()
 		}
+	}
+}
+
+// BenchmarkIdleConn reports what one idle pooled connection (no streams)
+// costs on both ends: heap, stacks and goroutines.
+func BenchmarkIdleConn(b *testing.B) {
+	const n = 200
+	e := newEnv(b, echoHandler, envOpts{})
+	ctx := testCtx(b)
+	for i := range b.N {
+		gcTwice()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		g0 := runtime.NumGoroutine()
+		for j := range n {
+			k := e.key
+			k.Dst = strconv.Itoa(i*n + j) // a distinct key per connection
+			s, err := e.pool.Connect(ctx, k, "127.0.0.1:80", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.CloseWrite()
+			io.Copy(io.Discard, s)
+			s.Close()
+		}
+		waitFor(b, "server handlers to finish", func() bool { return e.metric(b, "ztunnel_hbone_server_streams", "") == 0 })
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapInuse+after.StackInuse-before.HeapInuse-before.StackInuse)/n, "B/conn")
+		b.ReportMetric(float64(runtime.NumGoroutine()-g0)/n, "goroutines/conn")
 	}
 }

@@ -231,8 +231,11 @@ func (p *Pool) reserveLocked(kc *keyConns) *poolConn {
 				p.metrics.streamDelta(1)
 				return c
 			}
-			// Refused: closed, GOAWAY, or at the peer's limit.
-			if st := c.cc.State(); st.Closed || st.Closing {
+			// Refused: closed, GOAWAY, or at the peer's limit. With none
+			// of our streams on it, the connection is of no use now:
+			// retire it. (cc.State would tell which, but it waits for the
+			// connection's write lock, which a large write can hold.)
+			if c.streams == 0 {
 				p.retireLocked(c)
 				continue // kc.conns shifted down
 			}
@@ -270,31 +273,45 @@ func (p *Pool) retireLocked(c *poolConn) {
 	}
 	c.retired = true
 	c.stopIdleLocked()
-	if kc := p.keys[c.key]; kc != nil {
-		for i, x := range kc.conns {
-			if x == c {
-				kc.conns = append(kc.conns[:i], kc.conns[i+1:]...)
-				break
-			}
-		}
-		if len(kc.conns) == 0 && len(kc.dials) == 0 {
-			delete(p.keys, c.key)
-		}
-	}
+	p.unlinkLocked(c)
 	if c.streams == 0 {
 		p.closeLocked(c)
 	}
 }
 
-// closeLocked forgets c and closes it in the background (Close of an
-// HTTP/2 connection may block briefly on its write lock).
+// unlinkLocked removes c from its key's connections, and the key when
+// nothing is left.
+func (p *Pool) unlinkLocked(c *poolConn) {
+	kc := p.keys[c.key]
+	if kc == nil {
+		return
+	}
+	for i, x := range kc.conns {
+		if x == c {
+			kc.conns = append(kc.conns[:i], kc.conns[i+1:]...)
+			break
+		}
+	}
+	if len(kc.conns) == 0 && len(kc.dials) == 0 {
+		delete(p.keys, c.key)
+	}
+}
+
+// closeLocked forgets c and closes it on a goroutine: closing an HTTP/2
+// connection can wait for its write lock and the TLS close_notify, which
+// must not happen under mu. A connection still in p.all means Close has
+// not run, so the goroutine is counted before Close waits.
 func (p *Pool) closeLocked(c *poolConn) {
 	if _, ok := p.all[c]; !ok {
 		return
 	}
 	delete(p.all, c)
 	p.metrics.connDelta(-1)
-	_ = c.cc.Close()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		_ = c.cc.Close()
+	}()
 }
 
 // release returns the stream slot reserved on c.
@@ -332,17 +349,7 @@ func (p *Pool) onIdle(c *poolConn, seq uint64) {
 		return
 	}
 	c.retired = true
-	if kc := p.keys[c.key]; kc != nil {
-		for i, x := range kc.conns {
-			if x == c {
-				kc.conns = append(kc.conns[:i], kc.conns[i+1:]...)
-				break
-			}
-		}
-		if len(kc.conns) == 0 && len(kc.dials) == 0 {
-			delete(p.keys, c.key)
-		}
-	}
+	p.unlinkLocked(c)
 	delete(p.all, c)
 	p.metrics.connDelta(-1)
 	p.wg.Add(1)

@@ -23,7 +23,9 @@ type poolConn struct {
 	local  net.Addr
 	remote net.Addr
 
-	// settled is set once the peer's SETTINGS were seen and limit updated.
+	// peerMax is the peer's MAX_CONCURRENT_STREAMS seen at setup (0 if
+	// unknown); settled is set once limit reflects the peer's SETTINGS.
+	peerMax int
 	settled atomic.Bool
 
 	// Guarded by Pool.mu.
@@ -65,6 +67,9 @@ func (p *Pool) dialConn(key Key, d *pendingDial) {
 		if kc == nil {
 			kc = &keyConns{}
 			p.keys[key] = kc
+		}
+		if c.peerMax > 0 {
+			kc.peerMax = c.peerMax
 		}
 		c.limit = p.dialCapacityLocked(kc)
 		kc.conns = append(kc.conns, c)
@@ -126,9 +131,32 @@ func (p *Pool) newConn(key Key) (*poolConn, error) {
 		_ = tc.Close()
 		return fail(ReasonHTTP2, err)
 	}
+	// Wait for the server's SETTINGS (its PING ack comes after them). This
+	// costs one round trip per new connection and buys three things:
+	//   - x/net sizes a stream's DATA frames from the peer's max frame size
+	//     known when the stream starts; before SETTINGS that is 16 KiB, and
+	//     the first streams of a connection would keep 16 KiB frames (two
+	//     TLS records, two syscalls each) for their whole life;
+	//   - the peer's MAX_CONCURRENT_STREAMS is known before coalesced
+	//     waiters are assigned to the connection;
+	//   - a server that refuses our certificate after a TLS 1.3 handshake
+	//     (it checks after the client is done) fails the dial, not a stream.
+	if err := cc.Ping(ctx); err != nil {
+		_ = cc.Close()
+		var alert tls.AlertError
+		if errors.As(err, &alert) {
+			return fail(ReasonTLSHandshake, err)
+		}
+		return fail(ReasonHTTP2, err)
+	}
+	c := &poolConn{key: key, cc: cc, tls: &st, local: tc.LocalAddr(), remote: tc.RemoteAddr()}
+	if peer := int(cc.State().MaxConcurrentStreams); peer > 0 {
+		c.peerMax = peer
+		c.settled.Store(true)
+	}
 	p.metrics.dial(resultOK)
-	p.log.Debug("hbone: new connection", "key", key.String(), "local", tc.LocalAddr().String())
-	return &poolConn{key: key, cc: cc, tls: &st, local: tc.LocalAddr(), remote: tc.RemoteAddr()}, nil
+	p.log.Debug("hbone: new connection", "key", key.String(), "local", tc.LocalAddr().String(), "peer_max_streams", c.peerMax)
+	return c, nil
 }
 
 // open sends the CONNECT on c, whose slot the caller reserved. retry

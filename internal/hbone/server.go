@@ -375,7 +375,9 @@ func (h h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if s.done.Load() || r.Context().Err() != nil {
-		// Started after Shutdown finished (its connection is gone).
+		// Started after Shutdown finished, or the stream is already gone.
+		// Answer anyway: x/net would otherwise send an empty 200.
+		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
 	s.metrics.streamDelta(1)

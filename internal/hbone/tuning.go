@@ -30,13 +30,17 @@ const (
 	// window and starve the other streams multiplexed on it.
 	connWindow = 16 << 20
 
-	// maxFrameSize is the largest DATA frame we accept (upstream
-	// HTTP2_FRAME_SIZE). Large frames mean fewer frame headers, fewer
-	// flow-control round trips in x/net and fewer writes per byte; x/net's
-	// client caps its own DATA frames at 512 KiB anyway. The cost is
-	// head-of-line latency between streams sharing a connection, which
-	// matters less than throughput for a tunnel of opaque TCP.
-	maxFrameSize = 1 << 20
+	// maxFrameSize is the largest frame we accept (SETTINGS_MAX_FRAME_SIZE),
+	// so the largest DATA frame the peer sends us. Upstream's default
+	// (HTTP2_FRAME_SIZE) is 1 MiB; we chose 64 KiB on measurement: on
+	// loopback it moved as many or more bytes per second and CPU-second as
+	// 256 KiB and 1 MiB frames (bench_test.go), a frame still spans only
+	// one batched write (batch.go), and it bounds memory: x/net's framer
+	// keeps a read buffer as large as the largest frame it ever received,
+	// for the life of the connection, so 1 MiB frames would pin up to 1 MiB
+	// per idle connection that once carried bulk traffic. x/net's 16 KiB
+	// default costs a write syscall per 16 KiB.
+	maxFrameSize = 64 << 10
 
 	// pingInterval and pingTimeout detect a dead peer on an otherwise quiet
 	// connection (upstream: ping every 10s, give up after 20s). x/net only
@@ -73,11 +77,13 @@ const (
 )
 
 // Write buffering: x/net/http2 has no knob for its write buffers (a 4 KiB
-// bufio on both sides). Writes larger than that go straight to the TLS
-// connection, so the size that matters is the size of each Write call: the
-// proxy's copy buffer (grows to 256 KiB for bulk) becomes one DATA frame
-// (client) or one handler write (server), which crypto/tls splits into
-// 16 KiB records in a single write syscall batch.
+// bufio on both sides); frames larger than that go straight to the TLS
+// connection, so the size that matters is the size of each Write: the
+// proxy's copy buffer (it grows to 256 KiB for bulk) becomes one DATA frame
+// (client) or one handler write (server). crypto/tls then writes every
+// 16 KiB record with its own syscall; batch.go gathers them (measured: 72 →
+// 8 write syscalls per MiB). On the read side x/net sends a WINDOW_UPDATE
+// per ≥ 4 KiB consumed, so large reads by the consumer keep that rate low.
 
 // h2Tuning groups the flow-control settings so benchmarks can compare
 // them against x/net's defaults; production always uses defaultTuning.

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -433,14 +432,4 @@ func (p *parser) terminationDeadline() time.Duration {
 		secs = 1
 	}
 	return time.Duration(secs) * time.Second
-}
-
-// SortedKeys is a small helper for stable output of metadata maps.
-func SortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -260,8 +260,8 @@ func (p *Proxy) watchPolicy() {
 	}
 }
 
-// localWorkload finds the served workload's state entry among the workloads
-// with ip, or by name when ip is unknown.
+// isLocal reports whether w is the workload this proxy serves (matched by
+// namespace and name, as ZDS and PROXY_WORKLOAD_INFO identify it).
 func (p *Proxy) isLocal(w *state.Workload) bool {
 	return w != nil && w.Namespace == p.opts.Local.Namespace && w.Name == p.opts.Local.Name
 }

@@ -12,8 +12,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-
-	"github.com/ztunnel-go/ztunnel/internal/inpod"
 )
 
 // RequireRoot skips tb unless the process can manage network namespaces.
@@ -28,7 +26,6 @@ func RequireRoot(tb testing.TB) {
 type NS struct {
 	Name   string
 	Handle netns.NsHandle
-	run    *inpod.Netns
 }
 
 // NewNS creates the named namespace (replacing a stale one of the same name
@@ -52,13 +49,7 @@ func NewNS(name string) (*NS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nstest: create netns %s: %w", name, err)
 	}
-	run, err := inpod.OpenNetns(filepath.Join("/var/run/netns", name), inpod.NetnsOptions{})
-	if err != nil {
-		h.Close()
-		_ = netns.DeleteNamed(name)
-		return nil, fmt.Errorf("nstest: %w", err)
-	}
-	n := &NS{Name: name, Handle: h, run: run}
+	n := &NS{Name: name, Handle: h}
 	if err := n.linkUp("lo"); err != nil {
 		n.Close()
 		return nil, err
@@ -83,19 +74,45 @@ func (n *NS) Close() {
 	if n.Handle.IsOpen() {
 		n.Handle.Close()
 	}
-	if n.run != nil {
-		n.run.Close()
-	}
 	_ = netns.DeleteNamed(n.Name)
 }
 
 // Path is the namespace's bind-mount, usable with setns or `ip netns exec`.
 func (n *NS) Path() string { return filepath.Join("/var/run/netns", n.Name) }
 
-// Do runs fn on an OS thread that is inside n (inpod's netns runner, the
-// same code the proxy uses). Sockets fn creates belong to n and may be used
-// from any goroutine afterwards; child processes fn starts are born in n.
-func (n *NS) Do(fn func() error) error { return n.run.Do(fn) }
+// Do runs fn on an OS thread that is inside n. (internal/inpod has the
+// production twin of this; nstest cannot use it because inpod's own tests
+// build their pods with nstest.) Sockets fn creates belong to
+// n and may be used from any goroutine afterwards. Goroutines fn starts do
+// not inherit the namespace.
+func (n *NS) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	// A fresh goroutine so a thread that cannot switch back is thrown away
+	// (left locked when the goroutine exits) rather than reused.
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("nstest: get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(n.Handle); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("nstest: enter netns %s: %w", n.Name, err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- fmt.Errorf("nstest: leave netns %s: %w", n.Name, err)
+			return // thread stays locked and dies with the goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
 
 // Listen opens a listener inside n.
 func (n *NS) Listen(network, addr string) (net.Listener, error) {

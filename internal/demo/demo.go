@@ -220,7 +220,9 @@ func (n *node) startZtunnel(binary, cfgPath, caDir string) error {
 		"TERMINATION_GRACE_PERIOD_SECONDS=3",
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// No Pdeathsig: it is tied to the forking thread, and a Go thread that
+	// exits (a goroutine ending while locked) would kill ztunnel at random.
+	// Cleanup stops the process instead.
 	// Started from a thread inside the node namespace, the child is born there.
 	if err := n.Do(cmd.Start); err != nil {
 		logf.Close()

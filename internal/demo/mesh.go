@@ -286,7 +286,9 @@ func (n *MeshNode) start() error {
 		"TERMINATION_GRACE_PERIOD_SECONDS=3",
 	}, n.mesh.opts.Env...) // os/exec keeps the last value of a repeated name
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// No Pdeathsig: it is tied to the forking thread, and a Go thread that
+	// exits (a goroutine ending while locked) would kill ztunnel at random.
+	// Cleanup stops the process instead.
 	// Started from a thread inside the node namespace, the child is born there.
 	if err := n.Do(cmd.Start); err != nil {
 		logf.Close()

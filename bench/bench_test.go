@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func requireRootAndIptables(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("bench: skipping: the harness needs root (network namespaces, veth pairs, iptables rules)")
+	}
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skip("bench: skipping: iptables is not installed (scripts/test installs it)")
+	}
+}
+
+// leftovers lists namespaces with the prefix still present.
+func leftovers(prefix string) []string {
+	entries, _ := os.ReadDir("/var/run/netns")
+	var left []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix+"-") {
+			left = append(left, e.Name())
+		}
+	}
+	return left
+}
+
+// TestSmoke runs the real harness end to end, very short: it builds
+// ztunnel, builds the cluster, measures direct and hbone-cross-node with
+// every byte checked, writes results.json and results.svg, prints the
+// table and removes everything it made.
+func TestSmoke(t *testing.T) {
+	requireRootAndIptables(t)
+	defer goleak.VerifyNone(t)
+	out := t.TempDir()
+	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scCrossNode, "-idle-conns", "200", "-out", out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.prefix = "zbt"
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var stdout, progress bytes.Buffer
+	res, err := run(ctx, cfg, &stdout, &progress)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	if left := leftovers("zbt"); len(left) > 0 {
+		t.Fatalf("namespaces left behind: %v", left)
+	}
+	if len(res.Scenarios) != 2 || res.Scenarios[0].Name != scDirect || res.Scenarios[1].Name != scCrossNode {
+		t.Fatalf("scenarios: %+v", res.Scenarios)
+	}
+	for _, s := range res.Scenarios {
+		if s.Throughput1 <= 0 || s.Throughput8 <= 0 || s.ConnPerS <= 0 || s.Latency.P50 <= 0 {
+			t.Errorf("%s: a figure is zero: %+v", s.Name, s)
+		}
+		if want := int(0.150 * defaultRate); s.Latency.Count != want || s.LatencyNewConn.Count != want || s.LatencyHOL.Count != want {
+			t.Errorf("%s: latency samples %d/%d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, s.LatencyHOL.Count, want)
+		}
+		if s.IdleConns != 200 || s.Connections < 200 || s.BytesVerified <= 0 {
+			t.Errorf("%s: idle %d, connections %d, verified bytes %d", s.Name, s.IdleConns, s.Connections, s.BytesVerified)
+		}
+	}
+	x := res.Scenarios[1]
+	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 {
+		t.Errorf("hbone-cross-node costs: %+v", x.Ztunnels)
+	}
+	for _, z := range x.Ztunnels {
+		if z.ConnsCounted < float64(x.Connections) {
+			t.Errorf("node%d counted %v connections, the harness made %d", z.Node, z.ConnsCounted, x.Connections)
+		}
+	}
+	if x.HOLHBONEConns != 1 {
+		t.Errorf("head-of-line phase saw %d HBONE connections, want the one pooled connection", x.HOLHBONEConns)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResultsJSON(t, b)
+	checkSVG(t, filepath.Join(out, "results.svg"))
+	table := stdout.String()
+	for _, want := range []string{"hbone-cross-node", "direct", "target", "×"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}
+
+// TestFailsLoudly: a ztunnel that never becomes ready fails the run with
+// an error, and the cluster is still removed.
+func TestFailsLoudly(t *testing.T) {
+	requireRootAndIptables(t)
+	falseBin, err := exec.LookPath("false")
+	if err != nil {
+		t.Skip("no false(1)")
+	}
+	cfg, err := parseFlags([]string{"-duration", "100ms", "-scenarios", scCrossNode, "-idle-conns", "10", "-out", t.TempDir(), "-ztunnel", falseBin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.prefix = "zbf"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err = run(ctx, cfg, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "ztunnel") {
+		t.Fatalf("run with a ztunnel that exits at once: got %v, want an error about ztunnel", err)
+	}
+	if left := leftovers("zbf"); len(left) > 0 {
+		t.Fatalf("namespaces left behind: %v", left)
+	}
+}

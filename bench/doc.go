@@ -1,0 +1,29 @@
+// Command bench measures the whole ztunnel data path on one machine and
+// compares every figure with direct pod-to-pod TCP measured in the same run.
+//
+//	go run ./bench -quick            # whole run in under a minute
+//	go run ./bench -duration 10s     # longer, steadier numbers
+//	go run ./bench -profile          # plus CPU/heap profiles of each ztunnel
+//
+// Topology (internal/demo.Mesh, namespaces from internal/nstest): two nodes,
+// each with its own ztunnel process (the real binary, built by the harness)
+// in in-pod mode with a CNI emulator, one local config and one shared
+// plug-in CA:
+//
+//	node1: client (mesh), plain (not in the mesh), srv-local (mesh)
+//	node2: srv-remote (mesh), outside (not in the mesh)
+//
+// Scenarios: direct (plain → outside, no ztunnel on the path),
+// hbone-cross-node (client → srv-remote), hbone-same-node (client →
+// srv-local), tcp-passthrough (client → outside). Each ztunnel is restarted
+// before each scenario so CPU and memory figures start from a fresh process.
+//
+// Load generators and servers are this package's own Go code, dialing and
+// listening inside the pod namespaces; latency is measured open-loop from
+// precomputed send times (see load.go). Every byte is checked against a
+// pattern and counted; any error, short count or corrupted byte fails the
+// run with a non-zero exit. See bench/README.md for the method and the
+// meaning of each figure.
+//
+// The harness reads no environment variables and must run as root.
+package main

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/nstest"
+)
+
+// Load-generator constants.
+const (
+	msgSize = 1024 // request and response size of the latency phases
+	// ioTimeout bounds every single operation (dial, one request, one
+	// idle round trip): a stall longer than this fails the run instead of
+	// hanging it.
+	ioTimeout = 5 * time.Second
+	// bulkDrain bounds how long a bulk stream may take to deliver what is
+	// in flight after its sending time is up.
+	bulkDrain = 30 * time.Second
+)
+
+// path is the client side of one scenario: the pod it dials from and the
+// server it dials. Counters let the run check ztunnel saw every connection
+// and report how many bytes were verified.
+type path struct {
+	client *nstest.Pod
+	server netip.Addr
+
+	dials    atomic.Int64 // connections established
+	verified atomic.Int64 // payload bytes received and checked
+}
+
+func (p *path) addr(port int) string {
+	return netip.AddrPortFrom(p.server, uint16(port)).String()
+}
+
+// dial connects from the client pod (any goroutine).
+func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, ioTimeout)
+	defer cancel()
+	c, err := p.client.Dial(dctx, "tcp", p.addr(port))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s from %s: %w", p.addr(port), p.client.Name, err)
+	}
+	p.dials.Add(1)
+	return c, nil
+}
+
+// dialHere connects from the calling thread's namespace; for workers
+// running inside p.client.Do, where a dial costs no namespace switch.
+func (p *path) dialHere(ctx context.Context, port int) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, ioTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(dctx, "tcp", p.addr(port))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s from %s: %w", p.addr(port), p.client.Name, err)
+	}
+	p.dials.Add(1)
+	return c, nil
+}
+
+// inClient runs n workers, each on its own OS thread inside the client
+// pod's namespace, and returns the first error.
+func (p *path) inClient(n int, work func(i int) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { errs[i] = p.client.Do(func() error { return work(i) }) })
+	}
+	wg.Wait()
+	return firstOf(errs)
+}
+
+// firstOf returns the first non-nil error, saying how many others there
+// were (a burst of identical failures would otherwise bury the run's
+// output).
+func firstOf(errs []error) error {
+	var first error
+	others := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case first == nil:
+			first = err
+		default:
+			others++
+		}
+	}
+	if others > 0 {
+		return fmt.Errorf("%w (and %d more failures)", first, others)
+	}
+	return first
+}
+
+// firstError keeps the first error and cancels the phase.
+type firstError struct {
+	once   sync.Once
+	err    error
+	cancel context.CancelFunc
+}
+
+func (f *firstError) set(err error) {
+	if err == nil {
+		return
+	}
+	f.once.Do(func() { f.err = err; f.cancel() })
+}
+
+// roundTrip writes req on c and checks the echoed answer into resp.
+func roundTrip(c net.Conn, req, resp []byte) error {
+	if err := c.SetDeadline(time.Now().Add(ioTimeout)); err != nil {
+		return err
+	}
+	if _, err := c.Write(req); err != nil {
+		return fmt.Errorf("write request: %w", err)
+	}
+	if _, err := io.ReadFull(c, resp); err != nil {
+		return fmt.Errorf("read response: %w", err)
+	}
+	if !bytes.Equal(req, resp) {
+		return errors.New("response differs from the request")
+	}
+	return nil
+}
+
+// openLoopResult is one open-loop phase.
+type openLoopResult struct {
+	latency Latency // from each request's scheduled send time to its full response
+	lag     Latency // from the scheduled time to the moment a worker began it
+	elapsed time.Duration
+}
+
+// openLoop sends rate requests/s of msgSize bytes for d, each checked
+// against its echo. reuse: conns persistent connections; otherwise every
+// request dials a new connection (workers goroutines) and closes it.
+func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bool, conns int) (openLoopResult, error) {
+	n := max(1, int(float64(rate)*d.Seconds()))
+	interval := time.Second / time.Duration(rate)
+	lat := make([]time.Duration, n)
+	lag := make([]time.Duration, n)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fe := &firstError{cancel: cancel}
+
+	var pool []net.Conn
+	if reuse {
+		for range conns {
+			c, err := p.dial(ctx, echoPort)
+			if err != nil {
+				closeAll(pool)
+				return openLoopResult{}, err
+			}
+			pool = append(pool, c)
+		}
+		defer closeAll(pool)
+	}
+	ch := make(chan int, n)
+	var start time.Time // written by schedule before its first send on ch
+	worker := func(w int) error {
+		req, resp := make([]byte, msgSize), make([]byte, msgSize)
+		for i := range ch {
+			if ctx.Err() != nil {
+				continue // drain
+			}
+			sched := start.Add(time.Duration(i) * interval)
+			lag[i] = time.Since(sched)
+			request(req, uint64(i))
+			var c net.Conn
+			if reuse {
+				c = pool[w]
+			} else {
+				var err error
+				if c, err = p.dialHere(ctx, echoPort); err != nil {
+					fe.set(err)
+					continue
+				}
+			}
+			err := roundTrip(c, req, resp)
+			if !reuse {
+				c.Close()
+			}
+			if err != nil {
+				fe.set(fmt.Errorf("request %d: %w", i, err))
+				continue
+			}
+			lat[i] = time.Since(sched)
+			p.verified.Add(msgSize)
+		}
+		return nil
+	}
+	// Workers wait on ch before the schedule starts.
+	var wg sync.WaitGroup
+	if reuse {
+		for w := range conns {
+			wg.Go(func() { _ = worker(w) })
+		}
+	} else {
+		wg.Go(func() { fe.set(p.inClient(conns, worker)) })
+	}
+	schedule(ctx, n, interval, ch, &start)
+	wg.Wait()
+	elapsed := time.Since(start)
+	if fe.err != nil {
+		return openLoopResult{}, fe.err
+	}
+	if err := ctx.Err(); err != nil {
+		return openLoopResult{}, err
+	}
+	return openLoopResult{latency: summarize(lat), lag: summarize(lag), elapsed: elapsed}, nil
+}
+
+// bulk streams the pattern to the sink over streams connections for d and
+// returns the delivered rate: bytes the sink confirmed, over the time
+// from the start until the last summary arrived.
+func (p *path) bulk(ctx context.Context, streams int, d time.Duration) (float64, error) {
+	cs := make([]net.Conn, 0, streams)
+	for range streams {
+		c, err := p.dial(ctx, sinkPort)
+		if err != nil {
+			closeAll(cs)
+			return 0, err
+		}
+		cs = append(cs, c)
+	}
+	defer closeAll(cs)
+	start := time.Now()
+	deadline := start.Add(d)
+	until := func() bool { return time.Now().After(deadline) || ctx.Err() != nil }
+	var wg sync.WaitGroup
+	sent := make([]int64, streams)
+	errs := make([]error, streams)
+	for i, c := range cs {
+		wg.Go(func() { sent[i], errs[i] = p.stream(c, until, deadline.Add(bulkDrain)) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := firstOf(errs); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, s := range sent {
+		total += s
+	}
+	return gbps(total, elapsed), nil
+}
+
+// stream writes the pattern on c until done() says stop, half-closes, and
+// checks the sink's summary: every byte arrived, none was wrong.
+func (p *path) stream(c net.Conn, done func() bool, deadline time.Time) (int64, error) {
+	if err := c.SetDeadline(deadline); err != nil {
+		return 0, err
+	}
+	var off int64
+	for !done() {
+		n, err := c.Write(patternAt(off, maxChunk))
+		off += int64(n)
+		if err != nil {
+			return off, fmt.Errorf("bulk write after %d bytes: %w", off, err)
+		}
+	}
+	hc, ok := c.(interface{ CloseWrite() error })
+	if !ok {
+		return off, fmt.Errorf("bulk: %T cannot half-close", c)
+	}
+	if err := hc.CloseWrite(); err != nil {
+		return off, fmt.Errorf("bulk half-close: %w", err)
+	}
+	var sum [sinkSummaryLen]byte
+	if _, err := io.ReadFull(c, sum[:]); err != nil {
+		return off, fmt.Errorf("bulk summary after sending %d bytes: %w", off, err)
+	}
+	got := int64(binary.LittleEndian.Uint64(sum[:8]))
+	bad := int64(binary.LittleEndian.Uint64(sum[8:]))
+	if got != off {
+		return off, fmt.Errorf("bulk: sent %d bytes, sink received %d", off, got)
+	}
+	if bad >= 0 {
+		return off, fmt.Errorf("bulk: sink saw a wrong byte at offset %d of %d", bad, got)
+	}
+	p.verified.Add(got)
+	return off, nil
+}
+
+// connRate dials, does a 1-byte round trip and closes, in a closed loop
+// on workers threads for d, and returns completed connections per second.
+func (p *path) connRate(ctx context.Context, workers int, d time.Duration) (float64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fe := &firstError{cancel: cancel}
+	var done atomic.Int64
+	start := time.Now()
+	deadline := start.Add(d)
+	fe.set(p.inClient(workers, func(w int) error {
+		req, resp := []byte{byte(w)}, []byte{0}
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			c, err := p.dialHere(ctx, echoPort)
+			if err != nil {
+				fe.set(err)
+				return nil
+			}
+			err = roundTrip(c, req, resp)
+			c.Close()
+			if err != nil {
+				fe.set(fmt.Errorf("connection %d: %w", done.Load(), err))
+				return nil
+			}
+			done.Add(1)
+			p.verified.Add(1)
+			req[0]++
+		}
+		return nil
+	}))
+	elapsed := time.Since(start)
+	if fe.err != nil {
+		return 0, fe.err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return float64(done.Load()) / elapsed.Seconds(), nil
+}
+
+// openIdle opens n connections (parallel at a time), each proven
+// end-to-end by a 1-byte round trip, and leaves them open and idle.
+func (p *path) openIdle(ctx context.Context, n, parallel int) ([]net.Conn, error) {
+	conns := make([]net.Conn, n)
+	var next atomic.Int64
+	err := p.inClient(parallel, func(int) error {
+		resp := []byte{0}
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= n || ctx.Err() != nil {
+				return ctx.Err()
+			}
+			c, err := p.dialHere(ctx, echoPort)
+			if err != nil {
+				return err
+			}
+			conns[i] = c
+			if err := roundTrip(c, []byte{byte(i)}, resp); err != nil {
+				return fmt.Errorf("idle connection %d: %w", i, err)
+			}
+			_ = c.SetDeadline(time.Time{})
+			p.verified.Add(1)
+		}
+	})
+	if err != nil {
+		closeAll(conns)
+		return nil, err
+	}
+	return conns, nil
+}
+
+// checkIdle does one more round trip on every idle connection (so each
+// was still alive end-to-end after the idle period), then closes them.
+func (p *path) checkIdle(conns []net.Conn, parallel int) error {
+	defer closeAll(conns)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, parallel)
+	for w := range parallel {
+		wg.Go(func() {
+			resp := []byte{0}
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(conns) {
+					return
+				}
+				if err := roundTrip(conns[i], []byte{byte(i + 1)}, resp); err != nil {
+					errs[w] = fmt.Errorf("idle connection %d after idling: %w", i, err)
+					return
+				}
+				p.verified.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return firstOf(errs)
+}
+
+func closeAll(cs []net.Conn) {
+	for _, c := range cs {
+		if c != nil {
+			c.Close()
+		}
+	}
+}

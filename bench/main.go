@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Load shape. Each constant is the same in every scenario so the ratios
+// compare like with like.
+const (
+	defaultRate = 1000 // requests per second of the latency phases
+	// latencyConns: persistent connections the open-loop phases spread
+	// requests over; at 1000 rps and sub-millisecond latency one would do,
+	// 16 leave room so a stall queues in the harness (and counts) rather
+	// than serializing behind one socket.
+	latencyConns    = 16
+	newConnWorkers  = 32  // concurrent dialers of the new-connection latency phase
+	connRateWorkers = 16  // closed-loop dialers of the connection-rate phase
+	idleDialers     = 64  // parallel dials when opening idle connections
+	idleProbe       = 100 // idle connections opened first to measure descriptors per connection
+	rssSampleEvery  = 100 * time.Millisecond
+	// idleSettle: wait after a GC before reading RSS, so freed stacks and
+	// the GC's own work have settled.
+	idleSettle = 300 * time.Millisecond
+	holRampUp  = 200 * time.Millisecond // bulk runs alone this long before requests start
+
+	defaultIdleConns = 10000
+	quickIdleConns   = 2000
+	quickDuration    = time.Second
+	quickBudget      = 60 * time.Second
+)
+
+// config is the harness configuration after flags.
+type config struct {
+	duration  time.Duration
+	scenarios []string
+	outDir    string
+	quick     bool
+	profile   bool
+	binary    string // prebuilt ztunnel; empty: build one
+	idleConns int
+	rate      int
+	prefix    string // namespace prefix
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if _, err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintf(os.Stderr, "bench: interrupted (%v); no results written\n", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "bench: FAIL: %v\n", err)
+		}
+		stop()
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	dur := fs.Duration("duration", 5*time.Second, "length of each measurement")
+	scen := fs.String("scenarios", strings.Join(allScenarioNames(), ","), "comma-separated scenarios (direct is always run as the baseline)")
+	out := fs.String("out", "", "directory for results.json, results.svg and profiles (default bench/out in the repository)")
+	quick := fs.Bool("quick", false, "short run: 1s measurements, 2000 idle connections, whole run under a minute")
+	prof := fs.Bool("profile", false, "write CPU and heap profiles of each ztunnel for the slowest scenario")
+	bin := fs.String("ztunnel", "", "use this ztunnel binary instead of building ./cmd/ztunnel")
+	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof, binary: *bin, idleConns: *idle, rate: defaultRate, prefix: "zb"}
+	if cfg.quick && !set["duration"] {
+		cfg.duration = quickDuration
+	}
+	if cfg.idleConns == 0 {
+		cfg.idleConns = defaultIdleConns
+		if cfg.quick {
+			cfg.idleConns = quickIdleConns
+		}
+	}
+	if cfg.duration < 50*time.Millisecond || cfg.duration > 10*time.Minute {
+		return config{}, fmt.Errorf("-duration %v: want between 50ms and 10m", cfg.duration)
+	}
+	if cfg.idleConns < 1 || cfg.idleConns > 100000 {
+		return config{}, fmt.Errorf("-idle-conns %d: want 1..100000", cfg.idleConns)
+	}
+	var err error
+	if cfg.scenarios, err = parseScenarios(*scen); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
+func allScenarioNames() []string {
+	var ns []string
+	for _, d := range scenarioDefs {
+		ns = append(ns, d.name)
+	}
+	return ns
+}
+
+// parseScenarios validates a comma list; direct is added first if missing.
+func parseScenarios(s string) ([]string, error) {
+	out := []string{scDirect}
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || name == scDirect {
+			continue
+		}
+		if _, ok := findScenario(name); !ok {
+			return nil, fmt.Errorf("-scenarios: unknown %q (want some of %s)", name, strings.Join(allScenarioNames(), ", "))
+		}
+		for _, have := range out {
+			if have == name {
+				return nil, fmt.Errorf("-scenarios: %q given twice", name)
+			}
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// run does the whole measurement: build, topology, scenarios, optional
+// profile, outputs. Everything it created is removed before it returns.
+func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Results, err error) {
+	began := time.Now()
+	if os.Geteuid() != 0 {
+		return nil, errors.New("must run as root: it creates network namespaces, veth pairs and iptables rules (try: sudo go run ./bench)")
+	}
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return nil, errors.New("iptables is not installed (scripts/test installs it)")
+	}
+	// Harness: a client and a server socket per idle connection; the
+	// ztunnel children inherit the limit and need up to two per connection.
+	limit, err := raiseNofile(uint64(2*cfg.idleConns + 4*fdReserve))
+	if err != nil {
+		return nil, err
+	}
+	var notes []string
+	if fit := idleFit(limit); fit < cfg.idleConns {
+		if fit < 100 {
+			return nil, fmt.Errorf("RLIMIT_NOFILE is %d and cannot be raised: too low for the idle-connection phase", limit)
+		}
+		n := fmt.Sprintf("RLIMIT_NOFILE hard limit %d cannot be raised here (no CAP_SYS_RESOURCE): idle phase uses %d connections instead of %d", limit, fit, cfg.idleConns)
+		fmt.Fprintf(progress, "bench: WARNING: %s\n", n)
+		notes = append(notes, n)
+		cfg.idleConns = fit
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.outDir == "" {
+		cfg.outDir = filepath.Join(root, "bench", "out")
+	}
+	if err := os.MkdirAll(cfg.outDir, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: create %s: %w", cfg.outDir, err)
+	}
+	tmp, err := os.MkdirTemp("", "ztunnel-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	log := func(format string, a ...any) { fmt.Fprintf(progress, "bench: "+format+"\n", a...) }
+	bin := cfg.binary
+	if bin == "" {
+		log("building ./cmd/ztunnel")
+		if bin, err = buildZtunnel(ctx, root, tmp); err != nil {
+			return nil, err
+		}
+	}
+	log("building the cluster: 2 nodes, 5 pods, a ztunnel per node (RLIMIT_NOFILE %d)", limit)
+	mesh, servers, err := buildTopology(ctx, cfg, bin, filepath.Join(tmp, "mesh"))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, s := range servers {
+			s.stop()
+		}
+		if err != nil {
+			saveLogs(mesh, cfg.outDir, progress)
+		}
+		mesh.Close()
+		log("cleaned up: ztunnels stopped, namespaces, veths, iptables rules and temp files removed")
+	}()
+	r := &runner{cfg: cfg, mesh: mesh, servers: servers, log: progress}
+	res := &Results{
+		Machine: machineInfo(),
+		Config: RunConfig{DurationSeconds: cfg.duration.Seconds(), Quick: cfg.quick, RateRPS: cfg.rate, MessageBytes: msgSize,
+			LatencyConns: latencyConns, IdleConns: cfg.idleConns, Scenarios: cfg.scenarios},
+		Notes: []string{
+			"Shared, noisy machine: compare ratios within one run, not absolute figures across runs.",
+			"Cost figures (cpu, rss, bytes_per_idle_conn) are the worst ztunnel on the path; for direct, idle ztunnels not on the path.",
+			"latency_us: open loop, 1 KiB request and response on reused connections, measured from each request's scheduled send time.",
+		},
+	}
+	res.Notes = append(res.Notes, notes...)
+	for _, name := range cfg.scenarios {
+		d, _ := findScenario(name)
+		sr, err := r.run(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		res.Scenarios = append(res.Scenarios, sr)
+	}
+	res.Notes = append(res.Notes, r.notes...)
+	res.Targets = targets(res.Scenarios)
+	if cfg.profile {
+		if name, ok := slowest(res.Scenarios); ok {
+			d, _ := findScenario(name)
+			secs := int(max(3*time.Second, min(30*time.Second, 2*cfg.duration)) / time.Second)
+			files, err := r.profile(ctx, d, cfg.outDir, secs)
+			if err != nil {
+				return nil, err
+			}
+			res.Profiles = files
+		} else {
+			log("-profile: no meshed scenario was run; nothing to profile")
+		}
+	}
+	res.Config.WallSeconds = time.Since(began).Seconds()
+	jsonPath, err := writeJSON(cfg.outDir, res)
+	if err != nil {
+		return nil, err
+	}
+	svgPath, err := writeSVG(cfg.outDir, res)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(stdout)
+	printTable(stdout, res)
+	fmt.Fprintf(stdout, "\nwrote %s and %s", jsonPath, svgPath)
+	for _, f := range res.Profiles {
+		fmt.Fprintf(stdout, ", %s", filepath.Base(f))
+	}
+	fmt.Fprintf(stdout, "\nwall time %.1fs; machine: %s, %d cores, %s (shared and noisy: compare ratios within a run)\n",
+		res.Config.WallSeconds, res.Machine.CPUModel, res.Machine.Cores, res.Machine.Kernel)
+	if cfg.quick && !cfg.profile && time.Since(began) > quickBudget {
+		log("warning: -quick took %.0fs, over its %v budget", time.Since(began).Seconds(), quickBudget)
+	}
+	return res, nil
+}

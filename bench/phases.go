@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// withCost runs fn while measuring each node's CPU time and peak RSS.
+func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost, fn func() (openLoopResult, error)) (openLoopResult, error) {
+	pids := make([]int, len(nodes))
+	cpu0 := make([]time.Duration, len(nodes))
+	for i, ni := range nodes {
+		n := r.node(ni)
+		pids[i] = n.Pid()
+		costs[i].OpenFilesLimit, _ = openFilesLimit(pids[i])
+		var err error
+		if cpu0[i], err = processCPU(pids[i]); err != nil {
+			return openLoopResult{}, err
+		}
+	}
+	peak := make([]int64, len(nodes))
+	sample := func() {
+		for i, pid := range pids {
+			if rss, err := processRSS(pid); err == nil && rss > peak[i] {
+				peak[i] = rss
+			}
+		}
+	}
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(rssSampleEvery)
+		defer t.Stop()
+		for {
+			sample()
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	t0 := time.Now()
+	res, err := fn()
+	wall := time.Since(t0)
+	close(stop)
+	<-sampled
+	sample()
+	if err != nil {
+		return res, err
+	}
+	for i, pid := range pids {
+		cpu1, err := processCPU(pid)
+		if err != nil {
+			return res, err
+		}
+		costs[i].CPUVCPU = (cpu1 - cpu0[i]).Seconds() / wall.Seconds()
+		costs[i].RSSMB = float64(peak[i]) / (1 << 20)
+	}
+	return res, nil
+}
+
+// idle measures memory per idle proxied connection.
+// It returns how many connections it held.
+func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs []ZtunnelCost) (int, error) {
+	type mem struct {
+		rss       int64
+		heapStack float64
+		fds       int
+	}
+	measure := func() ([]mem, error) {
+		for _, ni := range nodes {
+			if err := gc(ctx, r.node(ni)); err != nil {
+				return nil, err
+			}
+		}
+		if err := sleepCtx(ctx, idleSettle); err != nil {
+			return nil, err
+		}
+		ms := make([]mem, len(nodes))
+		for i, ni := range nodes {
+			n := r.node(ni)
+			rss, err := processRSS(n.Pid())
+			if err != nil {
+				return nil, err
+			}
+			m, err := scrape(ctx, n)
+			if err != nil {
+				return nil, err
+			}
+			fds, err := openFDs(n.Pid())
+			if err != nil {
+				return nil, err
+			}
+			ms[i] = mem{rss, m.heapInuse + m.stack, fds}
+		}
+		return ms, nil
+	}
+	m0, err := measure()
+	if err != nil {
+		return 0, err
+	}
+	// A probe first: how many descriptors each ztunnel spends per idle
+	// connection, so the phase stays within their RLIMIT_NOFILE.
+	n := r.cfg.idleConns
+	probe := min(n, idleProbe)
+	conns, err := p.openIdle(ctx, probe, idleDialers)
+	if err != nil {
+		return 0, err
+	}
+	fit, worst := n, 0.0
+	for i, ni := range nodes {
+		pid := r.node(ni).Pid()
+		fds, err1 := openFDs(pid)
+		lim, err2 := openFilesLimit(pid)
+		limit, err3 := strconv.Atoi(lim)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			closeAll(conns)
+			return 0, err
+		}
+		if per := float64(fds-m0[i].fds) / float64(probe); per > 0 {
+			fit = min(fit, probe+int(float64(limit-fds-fdReserve/2)/per))
+			worst = max(worst, per)
+		}
+	}
+	if fit < n {
+		note := fmt.Sprintf("%s: a ztunnel holds %.1f descriptors per idle connection; idle phase capped at %d connections (of %d) to stay within its RLIMIT_NOFILE", d, worst, fit, n)
+		r.progress("WARNING: %s", note)
+		r.notes = append(r.notes, note)
+		n = fit
+	}
+	more, err := p.openIdle(ctx, n-probe, idleDialers)
+	if err != nil {
+		closeAll(conns)
+		return 0, err
+	}
+	conns = append(conns, more...)
+	m1, err := measure()
+	if err != nil {
+		closeAll(conns)
+		return 0, err
+	}
+	if err := p.checkIdle(conns, idleDialers); err != nil {
+		return 0, err
+	}
+	nc := float64(len(conns))
+	for i := range nodes {
+		costs[i].IdleRSSBeforeMB = float64(m0[i].rss) / (1 << 20)
+		costs[i].IdleRSSMB = float64(m1[i].rss) / (1 << 20)
+		costs[i].BytesPerIdleConn = float64(m1[i].rss-m0[i].rss) / nc
+		costs[i].HeapStackPerIdleCon = (m1[i].heapStack - m0[i].heapStack) / nc
+		costs[i].FDsPerIdleConn = float64(m1[i].fds-m0[i].fds) / nc
+	}
+	return len(conns), nil
+}
+
+// headOfLine runs the 1000 rps reused-connection latency phase while one
+// bulk stream flows between the same two pods (so, meshed, both share the
+// pool key and, below the per-connection stream limit, one HBONE
+// connection).
+func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur time.Duration, res *ScenarioResult) error {
+	bulkConn, err := p.dial(ctx, sinkPort)
+	if err != nil {
+		return err
+	}
+	defer bulkConn.Close()
+	var stopBulk sync.Once
+	stopCh := make(chan struct{})
+	done := func() bool {
+		select {
+		case <-stopCh:
+			return true
+		default:
+			return ctx.Err() != nil
+		}
+	}
+	type bulkResult struct {
+		n   int64
+		err error
+	}
+	bulkDone := make(chan bulkResult, 1)
+	t0 := time.Now()
+	go func() {
+		n, err := p.stream(bulkConn, done, time.Now().Add(holRampUp+dur+bulkDrain+ioTimeout))
+		bulkDone <- bulkResult{n, err}
+	}()
+	defer stopBulk.Do(func() { close(stopCh) })
+	if err := sleepCtx(ctx, holRampUp); err != nil {
+		return err
+	}
+	if d.name != scDirect && d.name != scPassthrough {
+		if res.HOLHBONEConns, err = countEstablished(p.client.NS, 15008); err != nil {
+			return err
+		}
+	}
+	lat, err := p.openLoop(ctx, r.cfg.rate, dur, true, latencyConns)
+	stopBulk.Do(func() { close(stopCh) })
+	b := <-bulkDone
+	if err != nil {
+		return err
+	}
+	if b.err != nil {
+		return fmt.Errorf("bulk stream: %w", b.err)
+	}
+	res.LatencyHOL = lat.latency
+	res.HOLBulkGbps = gbps(b.n, time.Since(t0))
+	return nil
+}

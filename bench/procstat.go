@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/demo"
+	"github.com/ztunnel-go/ztunnel/internal/nstest"
+)
+
+// clockTicks is USER_HZ, the unit of utime/stime in /proc/<pid>/stat. It
+// is 100 on every Linux architecture Go supports (the kernel fixes it for
+// user space regardless of CONFIG_HZ).
+const clockTicks = 100
+
+// parseStatCPU returns utime+stime from the text of /proc/<pid>/stat.
+func parseStatCPU(stat string) (time.Duration, error) {
+	// The command name is in parentheses and may contain spaces or ')'.
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("bench: /proc stat: no ')'")
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("bench: /proc stat: %d fields after the name, want ≥ 13", len(f))
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("bench: /proc stat: %w", err)
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// processCPU is the user+system CPU time the process has used.
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("bench: cpu of %d: %w", pid, err)
+	}
+	return parseStatCPU(string(b))
+}
+
+// parseStatusKB returns the value of a "Key:   N kB" line of
+// /proc/<pid>/status, in bytes.
+func parseStatusKB(status, key string) (int64, error) {
+	sc := bufio.NewScanner(strings.NewReader(status))
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok || name != key {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("bench: /proc status: bad %s line %q", key, sc.Text())
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("bench: /proc status: %s: %w", key, err)
+		}
+		return kb << 10, nil
+	}
+	return 0, fmt.Errorf("bench: /proc status: no %s line", key)
+}
+
+// processRSS is the process's resident set (VmRSS) in bytes.
+func processRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("bench: rss of %d: %w", pid, err)
+	}
+	return parseStatusKB(string(b), "VmRSS")
+}
+
+// openFDs counts the process's open file descriptors.
+func openFDs(pid int) (int, error) {
+	es, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0, fmt.Errorf("bench: fds of %d: %w", pid, err)
+	}
+	return len(es), nil
+}
+
+// openFilesLimit is the soft "Max open files" of a process.
+func openFilesLimit(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "Max open files") {
+			if f := strings.Fields(l[len("Max open files"):]); len(f) >= 1 {
+				return f[0], nil
+			}
+		}
+	}
+	return "", errors.New("bench: no Max open files line")
+}
+
+// sumMetric adds up every sample of the named metric in Prometheus text
+// exposition (any labels).
+func sumMetric(text []byte, name string) (float64, bool) {
+	var sum float64
+	found := false
+	for line := range bytes.Lines(text) {
+		line = bytes.TrimSpace(line)
+		if !bytes.HasPrefix(line, []byte(name)) {
+			continue
+		}
+		rest := line[len(name):]
+		if len(rest) == 0 || (rest[0] != '{' && rest[0] != ' ') {
+			continue // a longer name with this prefix
+		}
+		if rest[0] == '{' {
+			j := bytes.LastIndexByte(rest, '}')
+			if j < 0 {
+				continue
+			}
+			rest = rest[j+1:]
+		}
+		f := strings.Fields(string(rest))
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			continue
+		}
+		sum += v
+		found = true
+	}
+	return sum, found
+}
+
+// nodeMetrics are the figures the harness reads from a ztunnel's 15020.
+type nodeMetrics struct {
+	opened    float64 // istio_tcp_connections_opened_total, all label sets
+	heapInuse float64 // go_memstats_heap_inuse_bytes
+	stack     float64 // go_memstats_stack_inuse_bytes
+}
+
+func scrape(ctx context.Context, n *demo.MeshNode) (nodeMetrics, error) {
+	status, body, err := n.Get(ctx, "127.0.0.1:15020", "/metrics", 5*time.Second)
+	if err != nil {
+		return nodeMetrics{}, fmt.Errorf("bench: node%d metrics: %w", n.Index, err)
+	}
+	if status != 200 {
+		return nodeMetrics{}, fmt.Errorf("bench: node%d metrics: status %d", n.Index, status)
+	}
+	var m nodeMetrics
+	m.opened, _ = sumMetric(body, "istio_tcp_connections_opened_total")
+	var ok1, ok2 bool
+	m.heapInuse, ok1 = sumMetric(body, "go_memstats_heap_inuse_bytes")
+	m.stack, ok2 = sumMetric(body, "go_memstats_stack_inuse_bytes")
+	if !ok1 || !ok2 {
+		return m, fmt.Errorf("bench: node%d metrics: no go_memstats_heap_inuse_bytes/stack_inuse_bytes", n.Index)
+	}
+	return m, nil
+}
+
+// gc makes the ztunnel run a garbage collection (the heap profile
+// endpoint's gc=1), so heap figures count live memory only.
+func gc(ctx context.Context, n *demo.MeshNode) error {
+	status, _, err := n.Get(ctx, "127.0.0.1:15000", "/debug/pprof/heap?gc=1", 10*time.Second)
+	if err == nil && status != 200 {
+		err = fmt.Errorf("status %d", status)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: node%d gc: %w", n.Index, err)
+	}
+	return nil
+}
+
+// countEstablished counts ESTABLISHED IPv4 TCP sockets to remotePort in
+// the namespace of ns (read from a thread inside it).
+func countEstablished(ns *nstest.NS, remotePort uint16) (int, error) {
+	var b []byte
+	err := ns.Do(func() (err error) {
+		b, err = os.ReadFile("/proc/thread-self/net/tcp")
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("bench: read tcp table of %s: %w", ns.Name, err)
+	}
+	return parseEstablished(b, remotePort), nil
+}
+
+// parseEstablished counts lines of a /proc/net/tcp table in state 01
+// (ESTABLISHED) whose remote port is port.
+func parseEstablished(table []byte, port uint16) int {
+	want := fmt.Sprintf(":%04X", port)
+	n := 0
+	for line := range bytes.Lines(table) {
+		f := strings.Fields(string(line))
+		// sl local_address rem_address st ...
+		if len(f) < 4 || f[3] != "01" {
+			continue
+		}
+		if strings.HasSuffix(f[2], want) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// slowest picks the meshed scenario with the lowest single-stream
+// throughput relative to direct (absolute, if direct was not run).
+func slowest(rs []ScenarioResult) (string, bool) {
+	best, found := "", false
+	low := 0.0
+	for _, r := range rs {
+		if !r.ZtunnelsOnPath {
+			continue
+		}
+		if !found || r.Throughput1 < low {
+			best, low, found = r.Name, r.Throughput1, true
+		}
+	}
+	return best, found
+}
+
+// profile re-runs load on scenario d (one bulk stream beside 1000 rps of
+// 1 KiB requests) while taking a CPU profile of every ztunnel on its path
+// through the admin endpoint inside the node namespace, then takes a heap
+// profile. It returns the files written (pprof protobufs and, when `go
+// tool pprof` is available, their -top text).
+func (r *runner) profile(ctx context.Context, d scenarioDef, dir string, seconds int) ([]string, error) {
+	p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
+	var files []string
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, len(d.onPath))
+	r.progress("[%s] profiling: %ds CPU profile of each ztunnel under load", d.name, seconds)
+	for i, ni := range d.onPath {
+		n := r.node(ni)
+		wg.Go(func() {
+			path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", seconds)
+			status, body, err := n.Get(ctx, "127.0.0.1:15000", path, time.Duration(seconds)*time.Second+30*time.Second)
+			if err == nil && status != 200 {
+				err = fmt.Errorf("status %d: %s", status, body)
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("bench: cpu profile of node%d: %w", ni, err)
+				return
+			}
+			f := filepath.Join(dir, fmt.Sprintf("%s-node%d.cpu.pprof", d.name, ni))
+			if err := os.WriteFile(f, body, 0o644); err != nil {
+				errs[i] = err
+				return
+			}
+			mu.Lock()
+			files = append(files, f)
+			mu.Unlock()
+		})
+	}
+	// Load for the profile's whole window (a little longer, so the window
+	// never sees the load stop).
+	load := time.Duration(seconds)*time.Second + 500*time.Millisecond
+	var res ScenarioResult
+	lerr := r.headOfLine(ctx, p, d, load, &res)
+	wg.Wait()
+	if err := errors.Join(append(errs, lerr)...); err != nil {
+		return files, err
+	}
+	for _, ni := range d.onPath {
+		status, body, err := r.node(ni).Get(ctx, "127.0.0.1:15000", "/debug/pprof/heap", 30*time.Second)
+		if err == nil && status != 200 {
+			err = fmt.Errorf("status %d", status)
+		}
+		if err != nil {
+			return files, fmt.Errorf("bench: heap profile of node%d: %w", ni, err)
+		}
+		f := filepath.Join(dir, fmt.Sprintf("%s-node%d.heap.pprof", d.name, ni))
+		if err := os.WriteFile(f, body, 0o644); err != nil {
+			return files, err
+		}
+		files = append(files, f)
+	}
+	var tops []string
+	for _, f := range files {
+		out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=25", f).Output()
+		if err != nil {
+			r.progress("go tool pprof -top %s: %v (profiles are still written)", f, err)
+			continue
+		}
+		t := strings.TrimSuffix(f, ".pprof") + ".top.txt"
+		if err := os.WriteFile(t, out, 0o644); err != nil {
+			return files, err
+		}
+		tops = append(tops, t)
+	}
+	return append(files, tops...), nil
+}

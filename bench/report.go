@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+
+	"golang.org/x/sys/unix"
+)
+
+// Results is results.json.
+type Results struct {
+	Machine   Machine          `json:"machine"`
+	Config    RunConfig        `json:"config"`
+	Scenarios []ScenarioResult `json:"scenarios"`
+	Targets   []Target         `json:"targets"`
+	Profiles  []string         `json:"profiles,omitempty"`
+	Notes     []string         `json:"notes"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUModel   string `json:"cpu_model"`
+	Cores      int    `json:"cores"`
+	Kernel     string `json:"kernel"`
+	GoVersion  string `json:"go_version"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	MemTotalMB int64  `json:"mem_total_mb"`
+	LoadAvg    string `json:"loadavg_at_start"`
+}
+
+// RunConfig records the settings of the run.
+type RunConfig struct {
+	DurationSeconds float64  `json:"duration_s"`
+	Quick           bool     `json:"quick"`
+	RateRPS         int      `json:"rate_rps"`
+	MessageBytes    int      `json:"message_bytes"`
+	LatencyConns    int      `json:"latency_conns"`
+	IdleConns       int      `json:"idle_conns"`
+	Scenarios       []string `json:"scenarios"`
+	WallSeconds     float64  `json:"wall_s"`
+}
+
+// Target is one goal with its measured value.
+type Target struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Goal  float64 `json:"goal"`
+	Op    string  `json:"op"` // "<=" or ">="
+	Unit  string  `json:"unit"`
+	Met   bool    `json:"met"`
+	Note  string  `json:"note,omitempty"`
+}
+
+func machineInfo() Machine {
+	m := Machine{Cores: runtime.NumCPU(), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel = unix.ByteSliceToString(u.Sysname[:]) + " " + unix.ByteSliceToString(u.Release[:])
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if v, err := parseStatusKB(string(b), "MemTotal"); err == nil {
+			m.MemTotalMB = v >> 20
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.LoadAvg = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return m
+}
+
+func byName(rs []ScenarioResult, name string) (ScenarioResult, bool) {
+	for _, r := range rs {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return ScenarioResult{}, false
+}
+
+// targets evaluates the project's goals on hbone-cross-node against direct.
+func targets(rs []ScenarioResult) []Target {
+	x, okX := byName(rs, scCrossNode)
+	d, okD := byName(rs, scDirect)
+	ratio := 0.0
+	if d.Throughput1 > 0 {
+		ratio = x.Throughput1 / d.Throughput1
+	}
+	ts := []Target{
+		{Name: "hbone-cross-node throughput 1 stream / direct", Value: ratio, Goal: 0.50, Op: ">=", Unit: "ratio"},
+		{Name: "hbone-cross-node added p50 latency, 1000 rps 1 KiB", Value: x.Latency.P50 - d.Latency.P50, Goal: 100, Op: "<=", Unit: "µs"},
+		{Name: "hbone-cross-node added p99 latency, 1000 rps 1 KiB", Value: x.Latency.P99 - d.Latency.P99, Goal: 200, Op: "<=", Unit: "µs"},
+		{Name: "hbone-cross-node CPU per ztunnel at 1000 rps", Value: x.CPUVCPU, Goal: 0.03, Op: "<=", Unit: "vCPU"},
+		{Name: "hbone-cross-node RSS per ztunnel at 1000 rps", Value: x.RSSMB, Goal: 12, Op: "<=", Unit: "MiB"},
+		{Name: "hbone-cross-node memory per idle proxied connection", Value: x.BytesPerIdleConn, Goal: 16 << 10, Op: "<=", Unit: "bytes"},
+		{Name: "hbone-cross-node new connections per second (warm pool)", Value: x.ConnPerS, Goal: 5000, Op: ">=", Unit: "conn/s"},
+	}
+	for i := range ts {
+		t := &ts[i]
+		needsDirect := i < 3
+		switch {
+		case !okX:
+			t.Note = "not measured: hbone-cross-node was not run"
+		case needsDirect && !okD:
+			t.Note = "not measured: direct was not run"
+		case t.Op == ">=":
+			t.Met = t.Value >= t.Goal
+		default:
+			t.Met = t.Value <= t.Goal
+		}
+	}
+	return ts
+}
+
+// ratio formats v and v/base.
+func ratio(v, base float64, format string) string {
+	s := fmt.Sprintf(format, v)
+	if base > 0 {
+		s += fmt.Sprintf(" (%.2f×)", v/base)
+	}
+	return s
+}
+
+// printTable writes the results as two tables and the targets.
+func printTable(w io.Writer, res *Results) {
+	d, _ := byName(res.Scenarios, scDirect)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tTPUT 1 STREAM Gbit/s\tTPUT 8 STREAMS Gbit/s\tp50 µs\tp90 µs\tp99 µs\tp999 µs\t")
+	for _, r := range res.Scenarios {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name,
+			ratio(r.Throughput1, d.Throughput1, "%.2f"), ratio(r.Throughput8, d.Throughput8, "%.2f"),
+			ratio(r.Latency.P50, d.Latency.P50, "%.0f"), ratio(r.Latency.P90, d.Latency.P90, "%.0f"),
+			ratio(r.Latency.P99, d.Latency.P99, "%.0f"), ratio(r.Latency.P999, d.Latency.P999, "%.0f"))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(tw, "SCENARIO\tNEW-CONN p50/p99 µs\tHOL p50/p99 µs\tCONN/s\tvCPU/ztunnel\tRSS MiB\tB/idle conn\t")
+	for _, r := range res.Scenarios {
+		cost := func(v float64, f string) string {
+			if !r.ZtunnelsOnPath {
+				return "(" + fmt.Sprintf(f, v) + ")" // idle ztunnels, not on the path
+			}
+			return fmt.Sprintf(f, v)
+		}
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%s\t%s\t%s\t%s\t\n", r.Name,
+			ratio(r.LatencyNewConn.P50, d.LatencyNewConn.P50, "%.0f"), ratio(r.LatencyNewConn.P99, d.LatencyNewConn.P99, "%.0f"),
+			ratio(r.LatencyHOL.P50, d.LatencyHOL.P50, "%.0f"), ratio(r.LatencyHOL.P99, d.LatencyHOL.P99, "%.0f"),
+			ratio(r.ConnPerS, d.ConnPerS, "%.0f"),
+			cost(r.CPUVCPU, "%.4f"), cost(r.RSSMB, "%.1f"), cost(r.BytesPerIdleConn, "%.0f"))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels")
+	fmt.Fprintln(w)
+	for _, t := range res.Targets {
+		mark := "MISSED"
+		if t.Met {
+			mark = "met"
+		}
+		if t.Note != "" {
+			mark = t.Note
+		}
+		fmt.Fprintf(tw, "target\t%s\t%.4g %s\t%s %.4g\t%s\t\n", t.Name, t.Value, t.Unit, t.Op, t.Goal, mark)
+	}
+	tw.Flush()
+}
+
+func writeJSON(dir string, res *Results) (string, error) {
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("bench: encode results: %w", err)
+	}
+	p := filepath.Join(dir, "results.json")
+	if err := os.WriteFile(p, append(b, '\n'), 0o644); err != nil {
+		return "", fmt.Errorf("bench: write results: %w", err)
+	}
+	return p, nil
+}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/demo"
+)
+
+// Scenario names, as in results.json.
+const (
+	scDirect      = "direct"
+	scCrossNode   = "hbone-cross-node"
+	scSameNode    = "hbone-same-node"
+	scPassthrough = "tcp-passthrough"
+)
+
+// scenarioDef says who talks to whom and which ztunnels must see it.
+type scenarioDef struct {
+	name           string
+	client, server string // pod names (see topology.go)
+	// onPath are the nodes whose ztunnel carries the traffic: each must
+	// count at least every connection the harness made, and the others
+	// none. Empty for direct.
+	onPath []int
+}
+
+var scenarioDefs = []scenarioDef{
+	{scDirect, podPlain, podOutside, nil},
+	{scCrossNode, podClient, podRemote, []int{1, 2}},
+	{scSameNode, podClient, podLocal, []int{1}},
+	{scPassthrough, podClient, podOutside, []int{1}},
+}
+
+func findScenario(name string) (scenarioDef, bool) {
+	for _, d := range scenarioDefs {
+		if d.name == name {
+			return d, true
+		}
+	}
+	return scenarioDef{}, false
+}
+
+// costNodes are the ztunnels whose CPU and memory a scenario reports: the
+// ones on its path, or (direct) every node, idle, as the floor.
+func (d scenarioDef) costNodes(all int) []int {
+	if len(d.onPath) > 0 {
+		return d.onPath
+	}
+	ns := make([]int, all)
+	for i := range ns {
+		ns[i] = i + 1
+	}
+	return ns
+}
+
+// ZtunnelCost is one ztunnel's cost in one scenario.
+type ZtunnelCost struct {
+	Node int `json:"node"`
+	// CPUVCPU is CPU seconds per second (= per 1000 requests) during the
+	// 1000 rps reused-connection phase.
+	CPUVCPU float64 `json:"cpu_vcpu_per_1000rps"`
+	// RSSMB is the peak VmRSS during that phase, MiB.
+	RSSMB float64 `json:"rss_mb"`
+	// Idle connections: VmRSS before and with them (MiB), and per connection.
+	IdleRSSBeforeMB     float64 `json:"idle_rss_before_mb"`
+	IdleRSSMB           float64 `json:"idle_rss_mb"`
+	BytesPerIdleConn    float64 `json:"bytes_per_idle_conn"`
+	HeapStackPerIdleCon float64 `json:"heap_stack_bytes_per_idle_conn"`
+	FDsPerIdleConn      float64 `json:"fds_per_idle_conn"`
+	ConnsCounted        float64 `json:"connections_counted"`
+	OpenFilesLimit      string  `json:"open_files_limit"`
+}
+
+// ScenarioResult is one scenario's figures (results.json).
+type ScenarioResult struct {
+	Name             string        `json:"name"`
+	Throughput1      float64       `json:"throughput_gbps_1stream"`
+	Throughput8      float64       `json:"throughput_gbps_8streams"`
+	Latency          Latency       `json:"latency_us"`
+	ConnPerS         float64       `json:"conn_per_s"`
+	CPUVCPU          float64       `json:"cpu_vcpu_per_1000rps"`
+	RSSMB            float64       `json:"rss_mb"`
+	BytesPerIdleConn float64       `json:"bytes_per_idle_conn"`
+	LatencyNewConn   Latency       `json:"latency_new_conn_us"`
+	LatencyHOL       Latency       `json:"latency_hol_us"`
+	HOLBulkGbps      float64       `json:"hol_bulk_gbps"`
+	HOLHBONEConns    int           `json:"hol_hbone_tcp_conns"`
+	HarnessLag       Latency       `json:"harness_lag_us"`
+	IdleConns        int           `json:"idle_conns"`
+	Connections      int64         `json:"connections_made"`
+	BytesVerified    int64         `json:"bytes_verified"`
+	Ztunnels         []ZtunnelCost `json:"ztunnels"`
+	ZtunnelsOnPath   bool          `json:"ztunnels_on_path"`
+	DurationSeconds  float64       `json:"duration_s"`
+}
+
+// runner holds what every scenario shares.
+type runner struct {
+	cfg     config
+	mesh    *demo.Mesh
+	servers map[string]*podServers
+	log     io.Writer
+	notes   []string // for results.json
+}
+
+func (r *runner) progress(format string, a ...any) {
+	fmt.Fprintf(r.log, "bench: "+format+"\n", a...)
+}
+
+func (r *runner) node(i int) *demo.MeshNode { return r.mesh.Nodes[i-1] }
+
+// restartAll gives every node a fresh ztunnel process.
+func (r *runner) restartAll(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(r.mesh.Nodes))
+	for i, n := range r.mesh.Nodes {
+		wg.Go(func() { errs[i] = n.Restart(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// run measures one scenario in two parts, each on fresh ztunnel
+// processes: the traffic phases, then the idle connections (so the memory
+// baseline is not inflated by buffers the bulk phases left behind, and
+// the head-of-line phase finds only the warm-up's HBONE connection in the
+// pool). Any failure is returned; the caller stops.
+func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, err error) {
+	started := time.Now()
+	res = ScenarioResult{Name: d.name, ZtunnelsOnPath: len(d.onPath) > 0, IdleConns: r.cfg.idleConns}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("scenario %s: %w", d.name, err)
+		}
+	}()
+	p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
+	costNodes := d.costNodes(len(r.mesh.Nodes))
+	costs := make([]ZtunnelCost, len(costNodes))
+	for i, ni := range costNodes {
+		costs[i].Node = ni
+	}
+	counted := map[int]float64{}
+	r.progress("[%s] %s → %s", d.name, d.client, d.server)
+	err = r.fresh(ctx, d, p, counted, func() error {
+		// 1000 rps on reused connections, with CPU and RSS sampled.
+		lat, err := r.withCost(ctx, costNodes, costs, func() (openLoopResult, error) {
+			return p.openLoop(ctx, r.cfg.rate, r.cfg.duration, true, latencyConns)
+		})
+		if err != nil {
+			return fmt.Errorf("latency (reused connections): %w", err)
+		}
+		res.Latency, res.HarnessLag = lat.latency, lat.lag
+		r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs); vCPU %s; RSS MiB %s",
+			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99,
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f"))
+
+		nc, err := p.openLoop(ctx, r.cfg.rate, r.cfg.duration, false, newConnWorkers)
+		if err != nil {
+			return fmt.Errorf("latency (new connections): %w", err)
+		}
+		res.LatencyNewConn = nc.latency
+		r.progress("[%s] latency %d rps, a new connection each: p50 %.0fµs p99 %.0fµs (%d requests in %.2fs)",
+			d.name, r.cfg.rate, nc.latency.P50, nc.latency.P99, nc.latency.Count, nc.elapsed.Seconds())
+
+		if err := r.headOfLine(ctx, p, d, r.cfg.duration, &res); err != nil {
+			return fmt.Errorf("head-of-line: %w", err)
+		}
+		r.progress("[%s] 1 KiB requests beside a bulk stream (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs",
+			d.name, res.HOLBulkGbps, res.HOLHBONEConns, res.LatencyHOL.P50, res.LatencyHOL.P99)
+
+		if res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration); err != nil {
+			return fmt.Errorf("connection rate: %w", err)
+		}
+		r.progress("[%s] connect + 1 B round trip + close: %.0f conn/s", d.name, res.ConnPerS)
+
+		if res.Throughput1, err = p.bulk(ctx, 1, r.cfg.duration); err != nil {
+			return fmt.Errorf("throughput 1 stream: %w", err)
+		}
+		if res.Throughput8, err = p.bulk(ctx, 8, r.cfg.duration); err != nil {
+			return fmt.Errorf("throughput 8 streams: %w", err)
+		}
+		r.progress("[%s] throughput: 1 stream %.2f Gbit/s, 8 streams %.2f Gbit/s", d.name, res.Throughput1, res.Throughput8)
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	err = r.fresh(ctx, d, p, counted, func() error {
+		var err error
+		if res.IdleConns, err = r.idle(ctx, d.name, p, costNodes, costs); err != nil {
+			return fmt.Errorf("idle connections: %w", err)
+		}
+		r.progress("[%s] %d idle connections: bytes/conn (RSS) %s; (Go heap+stacks) %s; fds/conn %s", d.name, res.IdleConns,
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.BytesPerIdleConn }, "%.0f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.HeapStackPerIdleCon }, "%.0f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.FDsPerIdleConn }, "%.2f"))
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	for i := range costs {
+		costs[i].ConnsCounted = counted[costs[i].Node]
+		res.CPUVCPU = math.Max(res.CPUVCPU, costs[i].CPUVCPU)
+		res.RSSMB = math.Max(res.RSSMB, costs[i].RSSMB)
+		res.BytesPerIdleConn = math.Max(res.BytesPerIdleConn, costs[i].BytesPerIdleConn)
+	}
+	res.Ztunnels = costs
+	res.Connections = p.dials.Load()
+	res.BytesVerified = p.verified.Load()
+	res.DurationSeconds = time.Since(started).Seconds()
+	return res, nil
+}
+
+// fresh restarts every ztunnel, warms the path up, runs fn and then checks
+// that the traffic went where the scenario says (each ztunnel on the path
+// counted at least every connection the harness made, the others none),
+// that nothing failed on the server side and that the ztunnels still run.
+// counted accumulates each node's connection count.
+func (r *runner) fresh(ctx context.Context, d scenarioDef, p *path, counted map[int]float64, fn func() error) error {
+	if err := r.restartAll(ctx); err != nil {
+		return err
+	}
+	srv := r.servers[d.server]
+	srvFails, _ := srv.failures()
+	dials0 := p.dials.Load()
+	before := map[int]nodeMetrics{}
+	for _, n := range r.mesh.Nodes {
+		m, err := scrape(ctx, n)
+		if err != nil {
+			return err
+		}
+		before[n.Index] = m
+	}
+	// Warm-up: certificates fetched, HBONE pool connected, code paged in.
+	if _, err := p.openLoop(ctx, 2000, 100*time.Millisecond, true, 4); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	if _, err := p.openLoop(ctx, 500, 40*time.Millisecond, false, 4); err != nil {
+		return fmt.Errorf("warm-up (new connections): %w", err)
+	}
+	if err := fn(); err != nil {
+		return err
+	}
+	made := float64(p.dials.Load() - dials0)
+	for _, n := range r.mesh.Nodes {
+		if done, werr := n.Exited(); done {
+			return fmt.Errorf("ztunnel on node%d exited during the scenario: %v (log %s)", n.Index, werr, n.LogPath)
+		}
+		after, err := scrape(ctx, n)
+		if err != nil {
+			return err
+		}
+		delta := after.opened - before[n.Index].opened
+		counted[n.Index] += delta
+		onPath := slices.Contains(d.onPath, n.Index)
+		switch {
+		case onPath && delta < made:
+			return fmt.Errorf("node%d ztunnel counted %v connections, the harness made %v: traffic bypassed it", n.Index, delta, made)
+		case !onPath && delta != 0:
+			return fmt.Errorf("node%d ztunnel counted %v connections but is not on this path", n.Index, delta)
+		}
+	}
+	if fails, ferr := srv.failures(); fails != srvFails {
+		return fmt.Errorf("%d server-side failures: %w", fails-srvFails, ferr)
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func fmtCosts(cs []ZtunnelCost, f func(ZtunnelCost) float64, format string) string {
+	s := ""
+	for i, c := range cs {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("node%d="+format, c.Node, f(c))
+	}
+	return s
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ztunnel-go/ztunnel/internal/nstest"
+)
+
+// Server ports inside every server pod. Neither is a ztunnel port
+// (15001/15006/15008/150xx), so redirected traffic reaches them only
+// through ztunnel's inbound.
+const (
+	echoPort = 7001 // echoes every byte until EOF
+	sinkPort = 7002 // checks a pattern stream until EOF, then answers a summary
+)
+
+// sinkSummaryLen: the sink's answer, two little-endian int64s: bytes
+// received and the offset of the first wrong byte (-1 if none).
+const sinkSummaryLen = 16
+
+// echoBuf is the echo server's per-connection buffer: the largest message
+// the harness echoes is 1 KiB, and idle connections are many.
+const echoBuf = 2 << 10
+
+// podServers are the echo and sink servers of one pod.
+type podServers struct {
+	pod  *nstest.Pod
+	lns  []net.Listener
+	wg   sync.WaitGroup
+	errs atomic.Int64 // server-side failures (read errors other than EOF, corrupted streams)
+
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{} // guarded by mu
+	firstErr error                 // guarded by mu
+}
+
+// startServers listens on echoPort and sinkPort at the pod's address.
+func startServers(p *nstest.Pod) (*podServers, error) {
+	s := &podServers{pod: p, conns: map[net.Conn]struct{}{}}
+	for _, h := range []struct {
+		port  int
+		serve func(net.Conn) error
+	}{{echoPort, serveEcho}, {sinkPort, serveSink}} {
+		ln, err := p.Listen("tcp", netip.AddrPortFrom(p.IP, uint16(h.port)).String())
+		if err != nil {
+			s.stop()
+			return nil, fmt.Errorf("bench: listen in %s: %w", p.Name, err)
+		}
+		s.lns = append(s.lns, ln)
+		s.wg.Go(func() { s.accept(ln, h.serve) })
+	}
+	return s, nil
+}
+
+func (s *podServers) accept(ln net.Listener, serve func(net.Conn) error) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.fail(fmt.Errorf("accept: %w", err))
+			}
+			return
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Go(func() {
+			err := serve(c)
+			s.mu.Lock()
+			_, tracked := s.conns[c]
+			delete(s.conns, c)
+			s.mu.Unlock()
+			c.Close()
+			if err != nil && tracked {
+				s.fail(err)
+			}
+		})
+	}
+}
+
+func (s *podServers) fail(err error) {
+	s.errs.Add(1)
+	s.mu.Lock()
+	if s.firstErr == nil {
+		s.firstErr = fmt.Errorf("server in %s: %w", s.pod.Name, err)
+	}
+	s.mu.Unlock()
+}
+
+// failures returns how many server-side failures happened and the first.
+func (s *podServers) failures() (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.errs.Load(), s.firstErr
+}
+
+// stop closes the listeners and every open connection and waits for the
+// handlers.
+func (s *podServers) stop() {
+	for _, ln := range s.lns {
+		ln.Close()
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+		delete(s.conns, c) // closed by us: its handler's error is not a failure
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func serveEcho(c net.Conn) error {
+	buf := make([]byte, echoBuf)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				return fmt.Errorf("echo write: %w", werr)
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("echo read: %w", err)
+		}
+	}
+}
+
+func serveSink(c net.Conn) error {
+	buf := make([]byte, maxChunk)
+	chk := newChecker()
+	for {
+		n, err := c.Read(buf)
+		chk.check(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("sink read after %d bytes: %w", chk.off, err)
+		}
+	}
+	var sum [sinkSummaryLen]byte
+	binary.LittleEndian.PutUint64(sum[:8], uint64(chk.off))
+	binary.LittleEndian.PutUint64(sum[8:], uint64(chk.bad))
+	if _, err := c.Write(sum[:]); err != nil {
+		return fmt.Errorf("sink summary: %w", err)
+	}
+	return chk.err()
+}

@@ -1,0 +1,355 @@
+package main
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// stream returns the first n bytes of the pattern stream.
+func stream(n int) []byte {
+	b := make([]byte, 0, n)
+	for off := 0; off < n; {
+		k := min(maxChunk, n-off)
+		b = append(b, patternAt(int64(off), k)...)
+		off += k
+	}
+	return b
+}
+
+func TestChecker(t *testing.T) {
+	good := stream(3*patternPeriod + 12345)
+	flipped := slices.Clone(good)
+	flipped[100000] ^= 1
+	dup := append(slices.Clone(good[:8192]), good[4096:]...)      // a 4 KiB chunk repeated
+	dropped := append(slices.Clone(good[:8192]), good[12288:]...) // a 4 KiB chunk lost
+	cases := []struct {
+		name    string
+		data    []byte
+		chunk   int
+		wantBad int64
+	}{
+		{"intact, odd chunks", good, 7777, -1},
+		{"intact, one big read", good, len(good), -1},
+		{"one flipped bit", flipped, 4096, 100000},
+		{"repeated chunk", dup, 4096, 8192},
+		{"lost chunk", dropped, 1500, 8192},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChecker()
+			for b := tc.data; len(b) > 0; {
+				n := min(tc.chunk, len(b))
+				c.check(b[:n])
+				b = b[n:]
+			}
+			if c.bad != tc.wantBad {
+				t.Fatalf("first bad offset %d, want %d", c.bad, tc.wantBad)
+			}
+			if c.off != int64(len(tc.data)) {
+				t.Fatalf("counted %d bytes, want %d", c.off, len(tc.data))
+			}
+			if (c.err() == nil) != (tc.wantBad < 0) {
+				t.Fatalf("err() = %v", c.err())
+			}
+		})
+	}
+}
+
+func TestRequestCarriesSequence(t *testing.T) {
+	a, b := make([]byte, msgSize), make([]byte, msgSize)
+	request(a, 1)
+	request(b, 2)
+	if slices.Equal(a, b) {
+		t.Fatal("requests 1 and 2 are identical: a stale response would pass")
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	var ds []time.Duration
+	for i := 1000; i >= 1; i-- { // unsorted on purpose
+		ds = append(ds, time.Duration(i)*time.Microsecond)
+	}
+	got := summarize(ds)
+	want := Latency{P50: 500, P90: 900, P99: 990, P999: 999, Max: 1000, Count: 1000}
+	if got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	if (summarize(nil) != Latency{}) {
+		t.Fatal("empty input must give zeros")
+	}
+}
+
+func TestParseStatCPU(t *testing.T) {
+	cases := []struct {
+		name, stat string
+		want       time.Duration
+		wantErr    bool
+	}{
+		{"plain", "42 (ztunnel) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3", 3 * time.Second, false},
+		{"name with space and paren", "42 (zt ) x) R 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 9 0", 30 * time.Millisecond, false},
+		{"truncated", "42 (ztunnel) S 1 42", 0, true},
+		{"no name", "garbage", 0, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStatCPU(tc.stat)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Fatalf("got %v, %v; want %v (error %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestParseStatusKB(t *testing.T) {
+	status := "Name:\tztunnel\nVmPeak:\t  900 kB\nVmRSS:\t   12345 kB\nThreads:\t9\n"
+	if got, err := parseStatusKB(status, "VmRSS"); err != nil || got != 12345<<10 {
+		t.Fatalf("VmRSS: %d, %v", got, err)
+	}
+	if _, err := parseStatusKB(status, "Threads"); err == nil {
+		t.Fatal("a line without kB must be an error")
+	}
+	if _, err := parseStatusKB(status, "VmSwap"); err == nil {
+		t.Fatal("a missing line must be an error")
+	}
+}
+
+func TestSumMetric(t *testing.T) {
+	text := []byte(`# HELP istio_tcp_connections_opened_total x
+istio_tcp_connections_opened_total{reporter="source",a="}"} 3
+istio_tcp_connections_opened_total{reporter="destination"} 4
+istio_tcp_connections_opened_total_extra 100
+go_memstats_heap_inuse_bytes 1.5e+06
+`)
+	cases := []struct {
+		name   string
+		metric string
+		want   float64
+		found  bool
+	}{
+		{"labelled samples add up", "istio_tcp_connections_opened_total", 7, true},
+		{"no labels, exponent", "go_memstats_heap_inuse_bytes", 1.5e6, true},
+		{"absent", "go_goroutines", 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, found := sumMetric(text, tc.metric)
+			if got != tc.want || found != tc.found {
+				t.Fatalf("got %v %v, want %v %v", got, found, tc.want, tc.found)
+			}
+		})
+	}
+}
+
+func TestParseEstablished(t *testing.T) {
+	table := []byte(`  sl  local_address rem_address   st tx_queue rx_queue
+   0: 0200F40A:A1B2 0202F40A:3AA0 01 00000000:00000000 00:00000000 00000000
+   1: 0200F40A:A1B3 0202F40A:3AA0 06 00000000:00000000 00:00000000 00000000
+   2: 0200F40A:A1B4 0202F40A:1B59 01 00000000:00000000 00:00000000 00000000
+   3: 0200F40A:A1B5 0302F40A:3AA0 01 00000000:00000000 00:00000000 00000000
+`)
+	if got := parseEstablished(table, 15008); got != 2 {
+		t.Fatalf("got %d established to 15008, want 2", got)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	cases := []struct {
+		name      string
+		args      []string
+		duration  time.Duration
+		idle      int
+		scenarios []string
+		wantErr   string
+	}{
+		{"defaults", nil, 5 * time.Second, defaultIdleConns, []string{scDirect, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"quick", []string{"-quick"}, quickDuration, quickIdleConns, []string{scDirect, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"quick keeps an explicit duration", []string{"-quick", "-duration", "3s"}, 3 * time.Second, quickIdleConns, []string{scDirect, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"direct is always first", []string{"-scenarios", "tcp-passthrough, direct"}, 5 * time.Second, defaultIdleConns, []string{scDirect, scPassthrough}, ""},
+		{"unknown scenario", []string{"-scenarios", "hbone"}, 0, 0, nil, "unknown"},
+		{"repeated scenario", []string{"-scenarios", "hbone-same-node,hbone-same-node"}, 0, 0, nil, "twice"},
+		{"duration too short", []string{"-duration", "1ms"}, 0, 0, nil, "-duration"},
+		{"stray argument", []string{"now"}, 0, 0, nil, "unexpected"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parseFlagsQuiet(tc.args)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.duration != tc.duration || cfg.idleConns != tc.idle || !slices.Equal(cfg.scenarios, tc.scenarios) {
+				t.Fatalf("got %v %d %v", cfg.duration, cfg.idleConns, cfg.scenarios)
+			}
+		})
+	}
+}
+
+// parseFlagsQuiet is parseFlags without usage output on stderr.
+func parseFlagsQuiet(args []string) (config, error) {
+	stderr := os.Stderr
+	null, err := os.Open(os.DevNull)
+	if err == nil {
+		os.Stderr = null
+		defer func() { os.Stderr = stderr; null.Close() }()
+	}
+	return parseFlags(args)
+}
+
+func TestIdleFit(t *testing.T) {
+	if got := idleFit(20000); got != (20000-fdReserve)/2 {
+		t.Fatalf("idleFit(20000) = %d", got)
+	}
+	if idleFit(100) != 0 {
+		t.Fatal("a limit below the reserve fits nothing")
+	}
+}
+
+func TestTargets(t *testing.T) {
+	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}}
+	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450},
+		CPUVCPU: 0.02, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 9000}
+	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600},
+		CPUVCPU: 0.05, RSSMB: 20, BytesPerIdleConn: 20000, ConnPerS: 1000}
+	cases := []struct {
+		name    string
+		rs      []ScenarioResult
+		met     int
+		noted   int
+		p50Step float64
+	}{
+		{"all met", []ScenarioResult{direct, good}, 7, 0, 50},
+		{"all missed", []ScenarioResult{direct, bad}, 0, 0, 150},
+		{"no direct: relative goals not measured", []ScenarioResult{good}, 4, 3, 150},
+		{"no cross-node: nothing measured", []ScenarioResult{direct}, 0, 7, -100},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := targets(tc.rs)
+			met, noted := 0, 0
+			for _, x := range ts {
+				if x.Met {
+					met++
+				}
+				if x.Note != "" {
+					noted++
+				}
+			}
+			if len(ts) != 7 || met != tc.met || noted != tc.noted || ts[1].Value != tc.p50Step {
+				t.Fatalf("%d targets, %d met, %d noted, p50 step %v: %+v", len(ts), met, noted, ts[1].Value, ts)
+			}
+		})
+	}
+}
+
+// TestOutputShapes checks results.json carries the field names the issue
+// fixes and that results.svg is well-formed XML.
+func TestOutputShapes(t *testing.T) {
+	dir := t.TempDir()
+	res := &Results{
+		Machine:   machineInfo(),
+		Config:    RunConfig{Scenarios: []string{scDirect, scCrossNode}, DurationSeconds: 1, RateRPS: 1000, MessageBytes: msgSize},
+		Scenarios: []ScenarioResult{{Name: scDirect, Throughput1: 10, Throughput8: 20, Latency: Latency{P50: 100, P90: 150, P99: 300, P999: 900}}, {Name: scCrossNode, Throughput1: 5, ZtunnelsOnPath: true}},
+	}
+	res.Targets = targets(res.Scenarios)
+	jp, err := writeJSON(dir, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(jp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResultsJSON(t, b)
+	sp, err := writeSVG(dir, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSVG(t, sp)
+}
+
+func checkResultsJSON(t *testing.T, b []byte) {
+	t.Helper()
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	machine, _ := doc["machine"].(map[string]any)
+	for _, k := range []string{"cpu_model", "cores", "kernel", "go_version"} {
+		if _, ok := machine[k]; !ok {
+			t.Errorf("machine lacks %q", k)
+		}
+	}
+	scs, _ := doc["scenarios"].([]any)
+	if len(scs) == 0 {
+		t.Fatal("no scenarios")
+	}
+	for _, s := range scs {
+		sc := s.(map[string]any)
+		for _, k := range []string{"name", "throughput_gbps_1stream", "throughput_gbps_8streams", "latency_us",
+			"conn_per_s", "cpu_vcpu_per_1000rps", "rss_mb", "bytes_per_idle_conn"} {
+			if _, ok := sc[k]; !ok {
+				t.Errorf("scenario lacks %q", k)
+			}
+		}
+		lat, _ := sc["latency_us"].(map[string]any)
+		for _, k := range []string{"p50", "p90", "p99", "p999"} {
+			if _, ok := lat[k]; !ok {
+				t.Errorf("latency_us lacks %q", k)
+			}
+		}
+	}
+	tgs, _ := doc["targets"].([]any)
+	if len(tgs) == 0 {
+		t.Fatal("no targets")
+	}
+	for _, x := range tgs {
+		tg := x.(map[string]any)
+		for _, k := range []string{"name", "value", "goal", "met"} {
+			if _, ok := tg[k]; !ok {
+				t.Errorf("target lacks %q", k)
+			}
+		}
+		if _, ok := tg["met"].(bool); !ok {
+			t.Errorf("target met is %T, want bool", tg["met"])
+		}
+	}
+}
+
+func checkSVG(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d := xml.NewDecoder(f)
+	rects := 0
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s is not well-formed: %v", filepath.Base(path), err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "rect" {
+			rects++
+		}
+	}
+	if rects < 6 {
+		t.Fatalf("only %d rects in the plot", rects)
+	}
+}

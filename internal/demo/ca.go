@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// writePluginCA writes an Istio plug-in CA (ca-cert.pem, ca-key.pem,
+// WritePluginCA writes an Istio plug-in CA (ca-cert.pem, ca-key.pem,
 // root-cert.pem; the CA is its own root) into dir.
-func writePluginCA(dir string) error {
+func WritePluginCA(dir string) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return fmt.Errorf("demo: ca key: %w", err)

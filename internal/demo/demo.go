@@ -126,7 +126,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := os.Mkdir(caDir, 0o700); err != nil {
 		return err
 	}
-	if err := writePluginCA(caDir); err != nil {
+	if err := WritePluginCA(caDir); err != nil {
 		return err
 	}
 	cfgPath := filepath.Join(tmp, "mesh.yaml")

@@ -154,7 +154,7 @@ func NewMesh(ctx context.Context, opts MeshOptions) (_ *Mesh, err error) {
 	if err := os.MkdirAll(caDir, 0o700); err != nil {
 		return nil, fmt.Errorf("demo: mesh: %w", err)
 	}
-	if err := writePluginCA(caDir); err != nil {
+	if err := WritePluginCA(caDir); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(m.configPath(), []byte(m.localConfig()), 0o600); err != nil {

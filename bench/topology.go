@@ -56,7 +56,7 @@ func buildTopology(ctx context.Context, cfg config, binary, dir string) (*demo.M
 		Dir:    dir,
 		// Nothing is open when a scenario restarts the ztunnels, so a short
 		// drain bound only matters if something went wrong.
-		Env: []string{"TERMINATION_GRACE_PERIOD_SECONDS=2"},
+		Env: append([]string{"TERMINATION_GRACE_PERIOD_SECONDS=2"}, strings.Fields(os.Getenv("BENCH_ZTUNNEL_ENV"))...),
 	})
 	if err != nil {
 		return nil, nil, err

@@ -72,9 +72,9 @@ services:
     80: 7000
 `
 
-func newMesh(t *testing.T, maxStreams int) *mesh { return newMeshTTL(t, maxStreams, 0) }
+func newMesh(t testing.TB, maxStreams int) *mesh { return newMeshTTL(t, maxStreams, 0) }
 
-func newMeshTTL(t *testing.T, maxStreams int, ttl time.Duration) *mesh {
+func newMeshTTL(t testing.TB, maxStreams int, ttl time.Duration) *mesh {
 	t.Helper()
 	c := nstest.NewTestCluster(t, "px"+fmt.Sprint(time.Now().UnixNano()%10000))
 	n1, err := c.AddNode()
@@ -138,7 +138,7 @@ func (l countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-func (m *mesh) startProxy(t *testing.T, pod *nstest.Pod, local proxy.LocalWorkload, certs *identity.Manager, metrics *proxy.Metrics, maxStreams int, count *atomic.Int64) *proxy.Proxy {
+func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorkload, certs *identity.Manager, metrics *proxy.Metrics, maxStreams int, count *atomic.Int64) *proxy.Proxy {
 	t.Helper()
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return markedDial(ctx, pod, network, addr)
@@ -181,7 +181,7 @@ func (m *mesh) startProxy(t *testing.T, pod *nstest.Pod, local proxy.LocalWorklo
 
 // echoServer runs in the server pod on port 7000: it copies back what it
 // reads until EOF, then half-closes.
-func echoServer(t *testing.T, pod *nstest.Pod) {
+func echoServer(t testing.TB, pod *nstest.Pod) {
 	t.Helper()
 	ln, err := pod.Listen("tcp", netip.AddrPortFrom(pod.IP, 7000).String())
 	if err != nil {
@@ -251,7 +251,7 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-func shortLived(t *testing.T, ca identity.CA, ttl time.Duration) *identity.Manager {
+func shortLived(t testing.TB, ca identity.CA, ttl time.Duration) *identity.Manager {
 	t.Helper()
 	m, err := identity.NewManager(identity.ManagerOptions{CA: ca, TTL: ttl})
 	if err != nil {

@@ -34,3 +34,27 @@ func BenchmarkRequestResponse(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkNewConnection: connect, 1 byte round trip, close, through a warm
+// pool (one CONNECT stream per iteration on a shared HBONE connection).
+func BenchmarkNewConnection(b *testing.B) {
+	m := newMesh(b, 100)
+	echoServer(b, m.server)
+	dst := netip.AddrPortFrom(m.server.IP, 7000).String()
+	one := []byte{1}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := m.client.Dial(ctx, "tcp", dst)
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Write(one)
+		if _, err := io.ReadFull(c, one); err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+}

@@ -116,11 +116,7 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	a.admin = admin.New(admin.Options{Addr: cfg.AdminAddr, Levels: levels, Quit: func() { close(a.quitCh) }, Logger: levels.Logger("admin")})
 	a.registerDump()
 	a.stats = admin.NewStats(cfg.StatsAddr, a.reg, levels.Logger("stats"))
-	for _, s := range []interface{ Start() error }{a.admin, a.stats, a.ready} {
-		if err := s.Start(); err != nil {
-			return fail(err)
-		}
-	}
+	// Stoppers run newest first: admin goes last, after the data path drained.
 	a.stoppers = append(a.stoppers, func(ctx context.Context) {
 		a.admin.Shutdown(ctx)
 		a.stats.Shutdown(ctx)
@@ -135,6 +131,13 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	}
 	if err != nil {
 		return fail(err)
+	}
+	// Serve admin only once every config_dump section and readiness
+	// condition is registered, so the first scrape sees them all.
+	for _, s := range []interface{ Start() error }{a.admin, a.stats, a.ready} {
+		if err := s.Start(); err != nil {
+			return fail(err)
+		}
 	}
 	return a, nil
 }

@@ -182,12 +182,12 @@ func (p *Proxy) handleOutbound(conn *net.TCPConn) {
 	var perr error
 	defer func() { rec.done(&perr) }()
 
-	if p.isOwnListener(dst) {
+	snap := p.opts.State()
+	if p.isOwnListener(snap, dst) {
 		perr = &routeError{reasonLoop, fmt.Sprintf("destination %s is ztunnel's own listener", dst)}
 		p.m.rejected.WithLabelValues("outbound", reasonLoop).Inc()
 		return
 	}
-	snap := p.opts.State()
 	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
 	if srcW != nil && !p.isLocal(srcW) {
 		srcW = nil // not our workload's address: label it unknown
@@ -263,12 +263,11 @@ func (p *Proxy) baggage(w *state.Workload) (string, bool) {
 
 // isOwnListener catches a redirect loop: a connection whose original
 // destination is one of ztunnel's ports on the served workload itself.
-func (p *Proxy) isOwnListener(dst netip.AddrPort) bool {
+func (p *Proxy) isOwnListener(snap *state.Snapshot, dst netip.AddrPort) bool {
 	switch dst.Port() {
 	case OutboundPort, InboundPlaintextPort:
 	default:
 		return false
 	}
-	w := p.opts.State().WorkloadByAddr(p.opts.Network, dst.Addr())
-	return dst.Addr().IsLoopback() || p.isLocal(w)
+	return dst.Addr().IsLoopback() || p.isLocal(snap.WorkloadByAddr(p.opts.Network, dst.Addr()))
 }

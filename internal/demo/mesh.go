@@ -24,7 +24,7 @@ import (
 // harness and end-to-end tests): nodes made by nstest, each with a CNI
 // emulator and a real ztunnel process in in-pod mode, one shared local
 // config (LOCAL_XDS_PATH) and one shared plug-in CA (LOCAL_CA_DIR). Run
-// builds its own topology and does not use Mesh.
+// is built on it.
 type Mesh struct {
 	// immutable after NewMesh
 	Cluster *nstest.Cluster
@@ -70,6 +70,9 @@ type MeshPodSpec struct {
 	Name           string // unique; also names the netns (<prefix>-<name>)
 	ServiceAccount string // default Name
 	Mesh           bool
+	// WorkloadYAML is appended verbatim to this pod's workload entry in the
+	// local config (indented two spaces), e.g. a services: map.
+	WorkloadYAML string
 }
 
 // MeshPod is a pod of a Mesh.
@@ -264,6 +267,7 @@ func (m *Mesh) localConfig() string {
   canonicalName: %[1]s
   canonicalRevision: v1
 `, p.Name, p.ServiceAccount, p.IP, p.Node.Index, m.opts.Namespace)
+		b.WriteString(s.WorkloadYAML)
 	}
 	b.WriteString(m.opts.ExtraConfig)
 	return b.String()

@@ -37,7 +37,7 @@ func (r result) ok() bool {
 	return false
 }
 
-func runPaths(ctx context.Context, pods map[string]*pod) []result {
+func runPaths(ctx context.Context, pods map[string]*MeshPod) []result {
 	client := pods["client"]
 	ap := func(name string, port int) string {
 		return netip.AddrPortFrom(pods[name].IP, uint16(port)).String()
@@ -57,7 +57,7 @@ func runPaths(ctx context.Context, pods map[string]*pod) []result {
 
 // send makes one request from the client pod; the client dials the real
 // destination and its iptables rules send it through ztunnel.
-func send(ctx context.Context, client *pod, r *result) {
+func send(ctx context.Context, client *MeshPod, r *result) {
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -116,13 +116,11 @@ func short(s string) string {
 	return s
 }
 
-func printExplore(out io.Writer, nodes []*node, prefix string) {
+func printExplore(out io.Writer, nodes []*MeshNode) {
 	fmt.Fprintln(out, "\nexplore (each ztunnel's admin listens on 127.0.0.1 inside its node namespace):")
 	for _, n := range nodes {
-		ns := n.Name
-		fmt.Fprintf(out, "  node%d: ip netns exec %s curl -s localhost:15000/config_dump | less\n", n.Index, ns)
-		fmt.Fprintf(out, "         ip netns exec %s curl -s localhost:15020/metrics | grep istio_tcp\n", ns)
-		fmt.Fprintf(out, "         log: %s\n", n.logPath)
+		fmt.Fprintf(out, "  node%d: ip netns exec %s curl -s localhost:15000/config_dump | less\n", n.Index, n.Name)
+		fmt.Fprintf(out, "         ip netns exec %s curl -s localhost:15020/metrics | grep istio_tcp\n", n.Name)
+		fmt.Fprintf(out, "         log: %s\n", n.LogPath)
 	}
-	_ = prefix
 }

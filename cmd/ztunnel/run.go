@@ -158,6 +158,8 @@ func (a *app) quit(ctx context.Context) <-chan struct{} {
 // shutdown drains: stoppers run newest first (data path before config
 // before admin), sharing one deadline.
 func (a *app) shutdown() {
+	// Readiness answers 503 from now on: this ztunnel is going away.
+	a.ready.Register("draining")
 	a.runCancel()
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.TerminationDeadline)
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/inpod"
@@ -61,22 +62,30 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return ns.Dial(ctx, network, addr, mark)
 	}
+	var dialFrom func(ctx context.Context, network, addr string, src netip.Addr) (net.Conn, error)
+	if os := a.cfg.OriginalSource; os == nil || *os {
+		dialFrom = func(ctx context.Context, network, addr string, src netip.Addr) (net.Conn, error) {
+			return ns.Dial(ctx, network, addr, mark, inpod.DialFrom(src))
+		}
+	}
 	pool, err := a.newPool(dial)
 	if err != nil {
 		return nil, err
 	}
 	p, err := proxy.New(proxy.Options{
-		State:       a.store.Snapshot,
-		Pool:        pool,
-		Certs:       a.certs,
-		Dial:        dial,
-		Local:       proxy.LocalWorkload{Namespace: info.Namespace, Name: info.Name, ServiceAccount: info.ServiceAccount},
-		TrustDomain: a.cfg.TrustDomain,
-		Network:     a.cfg.Network,
-		ClusterID:   a.cfg.ClusterID,
-		Metrics:     a.proxyMetrics(),
-		Registerer:  a.reg,
-		Logger:      a.levels.Logger("access").With("pod", info.Namespace+"/"+info.Name),
+		State:                 a.store.Snapshot,
+		Pool:                  pool,
+		Certs:                 a.certs,
+		Dial:                  dial,
+		DialFrom:              dialFrom,
+		RequireOriginalSource: a.cfg.OriginalSource != nil && *a.cfg.OriginalSource,
+		Local:                 proxy.LocalWorkload{Namespace: info.Namespace, Name: info.Name, ServiceAccount: info.ServiceAccount},
+		TrustDomain:           a.cfg.TrustDomain,
+		Network:               a.cfg.Network,
+		ClusterID:             a.cfg.ClusterID,
+		Metrics:               a.proxyMetrics(),
+		Registerer:            a.reg,
+		Logger:                a.levels.Logger("access").With("pod", info.Namespace+"/"+info.Name),
 	})
 	if err != nil {
 		pool.Close()

@@ -91,6 +91,10 @@ type Config struct {
 
 	InpodUDS       string
 	InpodPortReuse bool
+	// OriginalSource (ENABLE_ORIG_SRC): deliver inbound connections from the
+	// client's own address (IP_TRANSPARENT). nil means best effort, as
+	// upstream; false never; true required.
+	OriginalSource *bool
 	PacketMark     uint32 // 0 means do not mark
 
 	NodeName      string
@@ -185,6 +189,10 @@ func Parse(environ []string) (*Config, error) {
 
 	c.InpodUDS = p.str("INPOD_UDS", defaultInpodUDS)
 	c.InpodPortReuse = p.boolean("INPOD_PORT_REUSE", true)
+	if _, ok := p.get("ENABLE_ORIG_SRC"); ok {
+		v := p.boolean("ENABLE_ORIG_SRC", false)
+		c.OriginalSource = &v
+	}
 	markDefault := uint64(0)
 	if c.ProxyMode == ProxyModeShared {
 		markDefault = defaultInpodMark

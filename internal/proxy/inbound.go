@@ -47,7 +47,7 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
-	up, err := p.opts.Dial(dctx, "tcp", dst.String())
+	up, err := p.dialInbound(dctx, dst, src.Addr())
 	cancel()
 	if err != nil {
 		perr = fmt.Errorf("proxy: inbound: dial %s: %w", dst, err)
@@ -106,7 +106,7 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
-	up, err := p.opts.Dial(ctx, "tcp", dst.String())
+	up, err := p.dialInbound(ctx, dst, src.Addr())
 	cancel()
 	if err != nil {
 		perr = fmt.Errorf("proxy: inbound plaintext: dial %s: %w", dst, err)

@@ -46,6 +46,12 @@ type Options struct {
 	// Dial opens plain TCP upstream connections (passthrough, inbound
 	// delivery) with the mark set, from the workload's netns.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// DialFrom, if set, opens inbound deliveries from the client's own
+	// address src (IP_TRANSPARENT), so the app sees the real client, as
+	// upstream does in-pod. If it fails and RequireOriginalSource is false,
+	// Dial is used instead.
+	DialFrom              func(ctx context.Context, network, addr string, src netip.Addr) (net.Conn, error)
+	RequireOriginalSource bool
 	// Local is the served workload.
 	Local LocalWorkload
 	// TrustDomain for Local's identity when state has no workload for it.
@@ -270,6 +276,18 @@ func (p *Proxy) isLocal(w *state.Workload) bool {
 func authorize(snap *state.Snapshot, dst *state.Workload, c rbac.Conn) rbac.Decision {
 	var buf [8]*rbac.Policy
 	return rbac.Evaluate(slices.AppendSeq(buf[:0], snap.PoliciesFor(dst)), c)
+}
+
+// dialInbound connects to the served workload, from src when configured.
+func (p *Proxy) dialInbound(ctx context.Context, dst netip.AddrPort, src netip.Addr) (net.Conn, error) {
+	if p.opts.DialFrom != nil && src.IsValid() {
+		c, err := p.opts.DialFrom(ctx, "tcp", dst.String(), src)
+		if err == nil || p.opts.RequireOriginalSource {
+			return c, err
+		}
+		p.log.Debug("original-source dial failed; delivering from the pod address", "src", src.String(), "dst", dst.String(), "err", err)
+	}
+	return p.opts.Dial(ctx, "tcp", dst.String())
 }
 
 func addrPort(a net.Addr) netip.AddrPort {

@@ -109,6 +109,7 @@ func TestBadValues(t *testing.T) {
 		{"dedicated without info", []string{"PROXY_MODE=dedicated"}, `config: PROXY_MODE=dedicated requires PROXY_WORKLOAD_INFO to be set (namespace/name/service-account)`},
 		{"workload info shape", []string{"PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=ns/name"}, `config: PROXY_WORKLOAD_INFO="ns/name": want namespace/name/service-account`},
 		{"fake ca bool", []string{"FAKE_CA=yes please"}, `config: FAKE_CA="yes please": must be true or false`},
+		{"orig src bool", []string{"ENABLE_ORIG_SRC=sometimes"}, `config: ENABLE_ORIG_SRC="sometimes": must be true or false`},
 		{"xds address scheme", []string{"XDS_ADDRESS=ftp://istiod:15012"}, `config: XDS_ADDRESS="ftp://istiod:15012": must be empty or a URL of the form https://host:port (http:// for plaintext)`},
 		{"ca address no port", []string{"CA_ADDRESS=https://istiod"}, `config: CA_ADDRESS="https://istiod": must be empty or a URL of the form https://host:port (http:// for plaintext)`},
 		{"max streams zero", []string{"POOL_MAX_STREAMS_PER_CONNECTION=0"}, `config: POOL_MAX_STREAMS_PER_CONNECTION="0": must be an integer from 1 to 65535`},

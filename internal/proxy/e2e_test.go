@@ -396,3 +396,34 @@ policies:
 		return sumCounter(t, m.reg, "istio_ztunnel_authorization_denied_total", "policy", "ns2/require-mtls") == 1
 	})
 }
+
+// TestE2ELiveByteMetrics: bytes of a connection that stays open show up in
+// istio_tcp_*_bytes_total while it runs, and are not counted twice at close.
+func TestE2ELiveByteMetrics(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := m.client.Dial(ctx, "tcp", netip.AddrPortFrom(m.server.IP, 7000).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := bytes.Repeat([]byte("x"), 10000)
+	c.Write(msg)
+	if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+		t.Fatal(err)
+	}
+	for _, reporter := range []string{"source", "destination"} {
+		waitFor(t, func() bool {
+			return sumCounter(t, m.reg, "istio_tcp_received_bytes_total", "reporter", reporter) == 10000 &&
+				sumCounter(t, m.reg, "istio_tcp_sent_bytes_total", "reporter", reporter) == 10000
+		})
+	}
+	c.Close()
+	waitFor(t, func() bool { return m.clientZT.Connections() == 0 && m.serverZT.Connections() == 0 })
+	for _, reporter := range []string{"source", "destination"} {
+		if got := sumCounter(t, m.reg, "istio_tcp_received_bytes_total", "reporter", reporter); got != 10000 {
+			t.Errorf("received bytes{reporter=%s} after close = %v, want 10000 (counted once)", reporter, got)
+		}
+	}
+}

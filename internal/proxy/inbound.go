@@ -65,6 +65,7 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 	defer stream.Close()
 	rec.open(rec.labels)
 	untrack := p.conns.add(&tracked{
+		rec:     rec,
 		close:   func() { abort(stream, up) },
 		recheck: p.recheck(dstW.UID, conn),
 	})
@@ -116,7 +117,7 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 	}
 	defer up.Close()
 	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{close: func() { abort(conn, up) }, recheck: p.recheck(dstW.UID, c)})
+	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }, recheck: p.recheck(dstW.UID, c)})
 	defer untrack()
 	perr = pipe(conn, up, &rec.counts)
 }

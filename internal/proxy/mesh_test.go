@@ -154,6 +154,8 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 		Dial:    dial,
 		Local:   local,
 		Metrics: metrics,
+		// Live byte counts reach the metrics quickly in tests.
+		MetricsFlushInterval: 50 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

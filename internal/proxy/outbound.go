@@ -221,7 +221,7 @@ func (p *Proxy) handleOutbound(conn *net.TCPConn) {
 	}
 	defer up.Close()
 	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{close: func() { abort(conn, up) }})
+	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }})
 	defer untrack()
 	perr = pipe(conn, up, &rec.counts)
 }

@@ -69,6 +69,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// ConnectTimeout bounds upstream dials; 0 means 10s.
 	ConnectTimeout time.Duration
+	// MetricsFlushInterval is how often live connections' byte counts are
+	// added to the metrics; 0 means 5s.
+	MetricsFlushInterval time.Duration
 }
 
 // Proxy serves one workload's outbound, inbound and plaintext listeners.
@@ -97,6 +100,9 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.ConnectTimeout == 0 {
 		opts.ConnectTimeout = 10 * time.Second
+	}
+	if opts.MetricsFlushInterval == 0 {
+		opts.MetricsFlushInterval = 5 * time.Second
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
@@ -251,8 +257,11 @@ func (p *Proxy) Connections() int { return p.conns.len() }
 
 // watchPolicy re-checks inbound connections whenever config changes, so a
 // connection a new DENY (or a removed ALLOW) no longer permits is closed.
+// It also flushes live byte counts into the metrics on a timer.
 func (p *Proxy) watchPolicy() {
 	defer p.wg.Done()
+	tick := time.NewTicker(p.opts.MetricsFlushInterval)
+	defer tick.Stop()
 	for {
 		snap := p.opts.State()
 		select {
@@ -260,6 +269,8 @@ func (p *Proxy) watchPolicy() {
 			if n := p.conns.reevaluate(); n > 0 {
 				p.log.Info("closed connections no longer allowed by policy", "count", n)
 			}
+		case <-tick.C:
+			p.conns.flush()
 		case <-p.ctx.Done():
 			return
 		}

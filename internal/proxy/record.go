@@ -35,6 +35,12 @@ type record struct {
 
 	counts counters
 	opened bool
+
+	// flushMu serialises folding byte counts into the metrics (the periodic
+	// flush and done may race); reported is what was already added.
+	flushMu      sync.Mutex
+	reportedSent int64
+	reportedRecv int64
 }
 
 func newRecord(m *Metrics, log *slog.Logger, direction string, src, dst netip.AddrPort) *record {
@@ -59,12 +65,7 @@ func (r *record) done(errp *error) {
 	recv, sent := r.counts.received.Load(), r.counts.sent.Load()
 	if r.opened {
 		r.m.closed.WithLabelValues(r.values...).Inc()
-		if recv > 0 {
-			r.m.received.WithLabelValues(r.values...).Add(float64(recv))
-		}
-		if sent > 0 {
-			r.m.sent.WithLabelValues(r.values...).Add(float64(sent))
-		}
+		r.flush()
 	} else {
 		if r.values == nil {
 			r.values = r.labels.values()
@@ -102,6 +103,26 @@ func (r *record) done(errp *error) {
 	r.log.LogAttrs(context.Background(), level, "connection complete", attrs...)
 }
 
+// flush adds the bytes moved since the last flush to the byte counters, so
+// long-lived connections show up in istio_tcp_*_bytes_total while they run
+// (upstream updates them live). TCP-to-TCP splices report at the end.
+func (r *record) flush() {
+	if !r.opened {
+		return
+	}
+	r.flushMu.Lock()
+	defer r.flushMu.Unlock()
+	recv, sent := r.counts.received.Load(), r.counts.sent.Load()
+	if d := recv - r.reportedRecv; d > 0 {
+		r.m.received.WithLabelValues(r.values...).Add(float64(d))
+		r.reportedRecv = recv
+	}
+	if d := sent - r.reportedSent; d > 0 {
+		r.m.sent.WithLabelValues(r.values...).Add(float64(d))
+		r.reportedSent = sent
+	}
+}
+
 // isBenign reports errors that are the normal end of a connection.
 func isBenign(err error) bool {
 	return errors.Is(err, net.ErrClosed) || errors.Is(err, context.Canceled)
@@ -110,6 +131,8 @@ func isBenign(err error) bool {
 // tracked is a live connection the tracker can close: on drain, or when a
 // policy change now denies it.
 type tracked struct {
+	// rec, if set, is flushed periodically into the byte metrics.
+	rec   *record
 	close func()
 	// recheck reports whether the connection is still allowed; nil means
 	// policy does not apply (outbound).
@@ -168,6 +191,15 @@ func (t *tracker) reevaluate() int {
 		}
 	}
 	return n
+}
+
+// flush folds every live connection's byte counts into the metrics.
+func (t *tracker) flush() {
+	for _, c := range t.snapshot() {
+		if c.rec != nil {
+			c.rec.flush()
+		}
+	}
 }
 
 // drain waits for connections to finish until ctx ends, then closes the rest.

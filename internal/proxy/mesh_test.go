@@ -37,6 +37,7 @@ type mesh struct {
 	clientZT    *proxy.Proxy
 	serverZT    *proxy.Proxy
 	reg         *prometheus.Registry
+	ca          identity.CA // signs every proxy's certificates
 	clientCerts *identity.Manager
 	serverCerts *identity.Manager
 	hboneConns  atomic.Int64 // TCP connections accepted on the server's 15008
@@ -113,6 +114,7 @@ func newMeshTTL(t testing.TB, maxStreams int, ttl time.Duration) *mesh {
 	}
 	m := &mesh{cluster: c, client: cl, server: sv, store: store, reg: prometheus.NewRegistry()}
 	ca := identitytest.NewLocalCA(t, "cluster.local")
+	m.ca = ca
 	metrics := proxy.NewMetrics(m.reg)
 	if ttl == 0 {
 		m.clientCerts = identitytest.NewManager(t, ca)

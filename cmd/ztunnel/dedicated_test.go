@@ -96,16 +96,7 @@ func TestDedicatedModeTwoNodes(t *testing.T) {
 	for _, p := range pods {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			code := 0
-			if c, err := p.Dial(ctx, "tcp", "127.0.0.1:15021"); err == nil {
-				fmt.Fprint(c, "GET /healthz/ready HTTP/1.0\r\n\r\n")
-				var proto string
-				fmt.Fscan(c, &proto, &code)
-				c.Close()
-			}
-			cancel()
-			if code == 200 {
+			if code, _, _ := nsGet(p.NS, "127.0.0.1:15021", "/healthz/ready"); code == 200 {
 				break
 			}
 			if time.Now().After(deadline) {

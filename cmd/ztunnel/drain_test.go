@@ -73,15 +73,10 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	dcancel()
 
 	// While draining, readiness says so.
-	if rc, err := n.node.Dial(ctx, "tcp", "127.0.0.1:15021"); err == nil {
-		fmt.Fprint(rc, "GET /healthz/ready HTTP/1.0\r\n\r\n")
-		b, _ := io.ReadAll(rc)
-		rc.Close()
-		if !strings.Contains(string(b), " 503 ") || !strings.Contains(string(b), "draining") {
-			t.Errorf("readiness while draining = %q, want 503 naming draining", b)
-		}
-	} else {
+	if code, body, err := nsGet(n.node.NS, "127.0.0.1:15021", "/healthz/ready"); err != nil {
 		t.Errorf("readiness unreachable while draining: %v", err)
+	} else if code != 503 || !strings.Contains(body, "draining") {
+		t.Errorf("readiness while draining = %d %q, want 503 naming draining", code, body)
 	}
 	if err := <-sent; err != nil {
 		t.Fatalf("transfer interrupted by drain: %v\n%s", err, readFile(logPath))

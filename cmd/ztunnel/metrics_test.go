@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -16,19 +17,35 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/nstest"
 )
 
-// scrape fetches /metrics from inside ns (the ztunnel's loopback).
-func scrape(t *testing.T, ns *nstest.NS) string {
-	t.Helper()
+// nsGet does a plain HTTP/1.0 GET of path on addr from inside ns (a
+// ztunnel's loopback ports are only reachable there).
+func nsGet(ns *nstest.NS, addr, path string) (code int, body string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := ns.Dial(ctx, "tcp", "127.0.0.1:15020")
+	c, err := ns.Dial(ctx, "tcp", addr)
+	if err != nil {
+		return 0, "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.0\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// scrape fetches /metrics from inside ns.
+func scrape(t *testing.T, ns *nstest.NS) string {
+	t.Helper()
+	_, body, err := nsGet(ns, "127.0.0.1:15020", "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
-	b, _ := io.ReadAll(c)
-	return string(b)
+	return body
 }
 
 // metricSum adds the samples of name whose labels contain every want pair.

@@ -42,6 +42,15 @@ func (e *CompileError) Error() string {
 
 // Compile validates a and returns its compiled form. The returned Policy
 // keeps a as Source; a must not be modified afterwards.
+//
+// A malformed list entry (bad IP length, prefix length or port) makes
+// Compile return a *CompileError for the first one and, with it, a non-nil
+// fail-closed Policy in which every malformed entry is treated as
+// unevaluable (see the package comment): a DENY that cannot be read in full
+// still denies at least what it would have covered, and an ALLOW allows no
+// more. Callers that reject the resource (NACK) should still enforce that
+// Policy rather than skip the DENY (istio/istio#61126). Errors on the whole
+// resource (nil, unknown scope or action) return a nil Policy.
 func Compile(a *securitypb.Authorization) (*Policy, error) {
 	if a == nil {
 		return nil, &CompileError{Reason: ReasonNilPolicy, Detail: "nil Authorization"}
@@ -69,10 +78,11 @@ func Compile(a *securitypb.Authorization) (*Policy, error) {
 			Detail: fmt.Sprintf("unknown value %d", int32(act))}
 	}
 	c := compiler{key: p.key, deny: p.Action == Deny}
-	if err := c.policy(p, a.GetRules()); err != nil {
-		return nil, err
-	}
+	c.policy(p, a.GetRules())
 	p.unevaluable = c.notes
+	if c.err != nil {
+		return p, c.err
+	}
 	return p, nil
 }
 
@@ -85,6 +95,7 @@ type compiler struct {
 	rule, clause, match int
 	inClause, inMatch   bool
 	notes               []string
+	err                 *CompileError // the first malformed entry, if any
 }
 
 func (c *compiler) loc() string {
@@ -99,8 +110,14 @@ func (c *compiler) loc() string {
 
 func (c *compiler) note(what string) { c.notes = append(c.notes, c.loc()+": "+what) }
 
-func (c *compiler) fail(field string, i int, e *fieldError) error {
-	return &CompileError{Policy: c.key, Path: fmt.Sprintf("%s: %s[%d]", c.loc(), field, i), Reason: e.reason, Detail: e.detail}
+// malformed records a malformed entry: the first becomes Compile's error,
+// each becomes an Unevaluable note, and the entry resolves fail-closed.
+func (c *compiler) malformed(field string, i int, e *fieldError) {
+	path := fmt.Sprintf("%s: %s[%d]", c.loc(), field, i)
+	if c.err == nil {
+		c.err = &CompileError{Policy: c.key, Path: path, Reason: e.reason, Detail: e.detail}
+	}
+	c.notes = append(c.notes, fmt.Sprintf("%s: malformed entry (%s)", path, e.reason))
 }
 
 // unknownVerdict is what an unevaluable node becomes.
@@ -113,7 +130,7 @@ func (c *compiler) unknownVerdict() tri {
 
 func hasUnknown(m proto.Message) bool { return len(m.ProtoReflect().GetUnknown()) > 0 }
 
-func (c *compiler) policy(p *Policy, in []*securitypb.Rule) error {
+func (c *compiler) policy(p *Policy, in []*securitypb.Rule) {
 	// No rules: the policy matches nothing (upstream "empty rules"). An ALLOW
 	// without rules therefore still counts as an ALLOW and, alone, denies
 	// everything — Istio's documented allow-nothing policy; a DENY without
@@ -121,10 +138,7 @@ func (c *compiler) policy(p *Policy, in []*securitypb.Rule) error {
 	p.fixed = alwaysFalse
 	for i, r := range in {
 		c.rule = i
-		t, compiled, err := c.compileRule(r)
-		if err != nil {
-			return err
-		}
+		t, compiled := c.compileRule(r)
 		switch t {
 		case alwaysTrue:
 			p.fixed = alwaysTrue
@@ -137,14 +151,13 @@ func (c *compiler) policy(p *Policy, in []*securitypb.Rule) error {
 	} else if len(p.rules) > 0 {
 		p.fixed = evaluate
 	}
-	return nil
 }
 
 // compileRule: a rule with no clauses holds (upstream); clauses that always
 // hold are dropped, one that never holds makes the rule never hold. Every
 // node is compiled even once the outcome is known, so malformed input
-// anywhere is rejected.
-func (c *compiler) compileRule(r *securitypb.Rule) (tri, rule, error) {
+// anywhere is reported.
+func (c *compiler) compileRule(r *securitypb.Rule) (tri, rule) {
 	c.inClause, c.inMatch = false, false
 	verdict := evaluate
 	if r != nil && hasUnknown(r) {
@@ -154,10 +167,7 @@ func (c *compiler) compileRule(r *securitypb.Rule) (tri, rule, error) {
 	var out rule
 	for j, cl := range r.GetClauses() {
 		c.clause, c.inClause, c.inMatch = j, true, false
-		t, compiled, err := c.compileClause(cl)
-		if err != nil {
-			return 0, rule{}, err
-		}
+		t, compiled := c.compileClause(cl)
 		switch t {
 		case alwaysFalse:
 			if verdict == evaluate {
@@ -168,17 +178,17 @@ func (c *compiler) compileRule(r *securitypb.Rule) (tri, rule, error) {
 		}
 	}
 	if verdict != evaluate {
-		return verdict, rule{}, nil
+		return verdict, rule{}
 	}
 	if len(out.clauses) == 0 {
-		return alwaysTrue, rule{}, nil
+		return alwaysTrue, rule{}
 	}
-	return evaluate, out, nil
+	return evaluate, out
 }
 
 // compileClause: a clause with no matches holds (upstream); matches that
 // never hold are dropped, one that always holds makes the clause hold.
-func (c *compiler) compileClause(cl *securitypb.Clause) (tri, clause, error) {
+func (c *compiler) compileClause(cl *securitypb.Clause) (tri, clause) {
 	verdict := evaluate
 	if cl != nil && hasUnknown(cl) {
 		c.note("unknown clause fields")
@@ -188,10 +198,7 @@ func (c *compiler) compileClause(cl *securitypb.Clause) (tri, clause, error) {
 	var out clause
 	for k, m := range in {
 		c.match, c.inMatch = k, true
-		t, compiled, err := c.compileMatch(m)
-		if err != nil {
-			return 0, clause{}, err
-		}
+		t, compiled := c.compileMatch(m)
 		switch t {
 		case alwaysTrue:
 			if verdict == evaluate {
@@ -204,16 +211,16 @@ func (c *compiler) compileClause(cl *securitypb.Clause) (tri, clause, error) {
 	c.inMatch = false
 	switch {
 	case verdict != evaluate:
-		return verdict, clause{}, nil
+		return verdict, clause{}
 	case len(in) == 0:
-		return alwaysTrue, clause{}, nil
+		return alwaysTrue, clause{}
 	case len(out.alts) == 0:
-		return alwaysFalse, clause{}, nil
+		return alwaysFalse, clause{}
 	}
-	return evaluate, out, nil
+	return evaluate, out
 }
 
-func (c *compiler) compileMatch(m *securitypb.Match) (tri, match, error) {
+func (c *compiler) compileMatch(m *securitypb.Match) (tri, match) {
 	if m == nil {
 		m = &securitypb.Match{}
 	}
@@ -234,54 +241,29 @@ func (c *compiler) compileMatch(m *securitypb.Match) (tri, match, error) {
 	}
 	var out match
 	var n [12]bool
-	var err error
-	if out.namespaces, n[0], err = list(c, "namespaces", m.GetNamespaces(), false, convStr); err != nil {
-		return 0, match{}, err
-	}
-	if out.notNamespaces, n[1], err = list(c, "not_namespaces", m.GetNotNamespaces(), true, convStr); err != nil {
-		return 0, match{}, err
-	}
-	if out.serviceAccounts, n[2], err = list(c, "service_accounts", m.GetServiceAccounts(), false, convSA); err != nil {
-		return 0, match{}, err
-	}
-	if out.notServiceAccounts, n[3], err = list(c, "not_service_accounts", m.GetNotServiceAccounts(), true, convSA); err != nil {
-		return 0, match{}, err
-	}
-	if out.principals, n[4], err = list(c, "principals", m.GetPrincipals(), false, convStr); err != nil {
-		return 0, match{}, err
-	}
-	if out.notPrincipals, n[5], err = list(c, "not_principals", m.GetNotPrincipals(), true, convStr); err != nil {
-		return 0, match{}, err
-	}
-	if out.srcIPs, n[6], err = list(c, "source_ips", m.GetSourceIps(), false, convAddr); err != nil {
-		return 0, match{}, err
-	}
-	if out.notSrcIPs, n[7], err = list(c, "not_source_ips", m.GetNotSourceIps(), true, convAddr); err != nil {
-		return 0, match{}, err
-	}
-	if out.dstIPs, n[8], err = list(c, "destination_ips", m.GetDestinationIps(), false, convAddr); err != nil {
-		return 0, match{}, err
-	}
-	if out.notDstIPs, n[9], err = list(c, "not_destination_ips", m.GetNotDestinationIps(), true, convAddr); err != nil {
-		return 0, match{}, err
-	}
-	if out.ports, n[10], err = list(c, "destination_ports", m.GetDestinationPorts(), false, convPort); err != nil {
-		return 0, match{}, err
-	}
-	if out.notPorts, n[11], err = list(c, "not_destination_ports", m.GetNotDestinationPorts(), true, convPort); err != nil {
-		return 0, match{}, err
-	}
+	out.namespaces, n[0] = list(c, "namespaces", m.GetNamespaces(), false, convStr)
+	out.notNamespaces, n[1] = list(c, "not_namespaces", m.GetNotNamespaces(), true, convStr)
+	out.serviceAccounts, n[2] = list(c, "service_accounts", m.GetServiceAccounts(), false, convSA)
+	out.notServiceAccounts, n[3] = list(c, "not_service_accounts", m.GetNotServiceAccounts(), true, convSA)
+	out.principals, n[4] = list(c, "principals", m.GetPrincipals(), false, convStr)
+	out.notPrincipals, n[5] = list(c, "not_principals", m.GetNotPrincipals(), true, convStr)
+	out.srcIPs, n[6] = list(c, "source_ips", m.GetSourceIps(), false, convAddr)
+	out.notSrcIPs, n[7] = list(c, "not_source_ips", m.GetNotSourceIps(), true, convAddr)
+	out.dstIPs, n[8] = list(c, "destination_ips", m.GetDestinationIps(), false, convAddr)
+	out.notDstIPs, n[9] = list(c, "not_destination_ips", m.GetNotDestinationIps(), true, convAddr)
+	out.ports, n[10] = list(c, "destination_ports", m.GetDestinationPorts(), false, convPort)
+	out.notPorts, n[11] = list(c, "not_destination_ports", m.GetNotDestinationPorts(), true, convPort)
 	out.ports, out.notPorts = sortPorts(out.ports), sortPorts(out.notPorts)
 	if never || slices.Contains(n[:], true) {
-		return alwaysFalse, match{}, nil
+		return alwaysFalse, match{}
 	}
 	if out.isEmpty() {
 		// No condition left to check: a DENY match that held everything
 		// unevaluable (or had no conditions) holds; in an ALLOW only an
 		// empty Match gets here, and upstream never matches it.
-		return c.unknownVerdict(), match{}, nil
+		return c.unknownVerdict(), match{}
 	}
-	return evaluate, out, nil
+	return evaluate, out
 }
 
 func isEmptyMatch(m *securitypb.Match) bool {
@@ -307,7 +289,8 @@ type fieldError struct {
 }
 
 // list converts one repeated field. conv reports ok=false for an entry it
-// cannot evaluate; such entries resolve toward denying:
+// cannot evaluate, and an error for a malformed one (recorded, then treated
+// the same); such entries resolve toward denying:
 //
 //	DENY,  positive list: the field is assumed to hold (returned nil).
 //	DENY,  not_ list:     the entry is assumed not to match (dropped).
@@ -315,16 +298,18 @@ type fieldError struct {
 //	                      left empty can never hold (never=true).
 //	ALLOW, not_ list:     the entry is assumed to match, so the field can
 //	                      never hold (never=true).
-func list[S, T any](c *compiler, field string, in []S, negative bool, conv func(S) (T, bool, *fieldError)) (out []T, never bool, err error) {
+func list[S, T any](c *compiler, field string, in []S, negative bool, conv func(S) (T, bool, *fieldError)) (out []T, never bool) {
 	if len(in) == 0 {
-		return nil, false, nil
+		return nil, false
 	}
 	out = make([]T, 0, len(in))
 	unknown := false
 	for i, s := range in {
 		v, ok, ferr := conv(s)
 		if ferr != nil {
-			return nil, false, c.fail(field, i, ferr)
+			c.malformed(field, i, ferr)
+			unknown = true
+			continue
 		}
 		if !ok {
 			c.note(fmt.Sprintf("%s[%d]: unsupported entry", field, i))
@@ -335,15 +320,15 @@ func list[S, T any](c *compiler, field string, in []S, negative bool, conv func(
 	}
 	switch {
 	case !unknown:
-		return out, false, nil
+		return out, false
 	case c.deny && !negative:
-		return nil, false, nil
+		return nil, false
 	case c.deny:
-		return out, false, nil
+		return out, false
 	case !negative && len(out) > 0:
-		return out, false, nil
+		return out, false
 	}
-	return nil, true, nil
+	return nil, true
 }
 
 func convStr(s *securitypb.StringMatch) (strMatch, bool, *fieldError) {

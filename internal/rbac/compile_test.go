@@ -59,8 +59,14 @@ func TestCompileErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Compile = %+v, want error %q", p, tc.want)
 			}
-			if p != nil {
-				t.Errorf("Compile returned a policy with its error")
+			// A malformed entry still yields the fail-closed policy; a
+			// malformed resource yields none.
+			whole := tc.reason == ReasonNilPolicy || tc.reason == ReasonUnknownScope || tc.reason == ReasonUnknownAction
+			if whole && p != nil {
+				t.Errorf("Compile returned a policy for a malformed resource")
+			}
+			if !whole && p == nil {
+				t.Errorf("Compile returned no fail-closed policy for a malformed entry")
 			}
 			if err.Error() != tc.want {
 				t.Errorf("error\n got %s\nwant %s", err, tc.want)

@@ -77,11 +77,15 @@
 //
 // # Rejected input
 //
-// Compile rejects, with a [*CompileError], what is malformed rather than
+// Compile reports, with a [*CompileError], what is malformed rather than
 // unknown: an Address that is not 4 or 16 bytes, a prefix length beyond the
 // address size, a port above 65535, and Scope or Action numbers outside the
 // enum. Upstream silently drops such IP entries and truncates such ports,
-// which can widen an ALLOW; rejecting the resource is the safer reading.
+// which can widen an ALLOW. A malformed list entry comes back with the
+// error and a fail-closed Policy in which the entry is unevaluable (as
+// above), so a caller that NACKs the resource can still enforce it: skipping
+// a new DENY because one CIDR is bad would fail open. A malformed Scope or
+// Action returns no Policy: which way "closed" lies is unknown.
 //
 // # Cost
 //

@@ -120,7 +120,9 @@ func convertLoadBalancing(lb *workloadpb.LoadBalancing) (*LoadBalancer, *problem
 }
 
 // convertPolicy validates the fields the store indexes on and hands the
-// rest to rbac.Compile.
+// rest to rbac.Compile. It may return both a policy and an error
+// ([ReasonFailClosed]): the resource is reported as rejected and the
+// fail-closed policy is applied.
 func convertPolicy(name string, a *securitypb.Authorization) (*rbac.Policy, *RejectError) {
 	if a == nil {
 		return nil, fail(ReasonEmptyResource, ": no authorization").as(kindPolicy, name)
@@ -141,6 +143,11 @@ func convertPolicy(name string, a *securitypb.Authorization) (*rbac.Policy, *Rej
 		return nil, unknownEnum("action", int32(a.GetAction())).as(kindPolicy, name)
 	}
 	pol, err := rbac.Compile(a)
+	if err != nil && pol != nil {
+		// A malformed entry: rejected (NACK, counter) but enforced fail
+		// closed rather than skipped, see rbac.Compile.
+		return pol, fail(ReasonFailClosed, ": %v", err).as(kindPolicy, name)
+	}
 	if err != nil {
 		return nil, fail(ReasonInvalidPolicy, ": %v", err).as(kindPolicy, name)
 	}

@@ -8,7 +8,10 @@
 //     ([Workload], [Service], compiled [rbac.Policy]), validating each
 //     resource on its own. A resource that fails validation is rejected with
 //     a [*RejectError] naming a [Reason]; the previous value of that resource
-//     keeps serving and every other resource in the same push applies.
+//     keeps serving and every other resource in the same push applies. One
+//     exception fails closed instead: an Authorization with a malformed
+//     entry (bad CIDR or port) is reported rejected ([ReasonFailClosed]) and
+//     its fail-closed compilation is applied, so a DENY is never skipped.
 //   - [Store], which satisfies the internal/xds Handler interface
 //     structurally (this package never imports internal/xds).
 //   - [Snapshot], an immutable view with the indexes the data path needs:

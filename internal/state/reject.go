@@ -41,6 +41,10 @@ const (
 	ReasonEmptyResource Reason = "empty resource"
 	// ReasonInvalidPolicy: rbac.Compile refused the Authorization.
 	ReasonInvalidPolicy Reason = "invalid policy"
+	// ReasonFailClosed: rbac.Compile found a malformed entry (bad CIDR or
+	// port); the resource is reported rejected (NACK) but its fail-closed
+	// form is enforced, so a DENY is never skipped (istio/istio#61126).
+	ReasonFailClosed Reason = "enforced fail closed"
 )
 
 // Label is the reason as a metric label value: the phrase with spaces

@@ -183,9 +183,10 @@ func (s *Store) convertPolicies(in map[string]*securitypb.Authorization) (map[st
 		p, err := convertPolicy(name, a)
 		if err != nil {
 			rejected = s.reject(rejected, name, err)
-			continue
 		}
-		out[name] = p
+		if p != nil {
+			out[name] = p
+		}
 	}
 	return out, rejected
 }

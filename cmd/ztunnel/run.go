@@ -113,7 +113,7 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	}
 
 	a.quitCh = make(chan struct{})
-	a.admin = admin.New(admin.Options{Addr: cfg.AdminAddr, Levels: levels, Quit: func() { close(a.quitCh) }, Logger: levels.Logger("admin")})
+	a.admin = admin.New(admin.Options{Addr: cfg.AdminAddr, Levels: levels, Quit: func() { close(a.quitCh) }, Logger: levels.Logger("admin"), Registerer: a.reg})
 	a.registerDump()
 	a.stats = admin.NewStats(cfg.StatsAddr, a.reg, levels.Logger("stats"))
 	// Stoppers run newest first: admin goes last, after the data path drained.

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Options configure the admin server.
@@ -26,6 +28,8 @@ type Options struct {
 	Quit func()
 	// Logger may be nil.
 	Logger *slog.Logger
+	// Registerer receives ztunnel_admin_request_errors_total; may be nil.
+	Registerer prometheus.Registerer
 }
 
 // Section produces one top-level value of /config_dump.
@@ -36,6 +40,7 @@ type Server struct {
 	opts Options
 	log  *slog.Logger
 	http *httpServer
+	errs requestErrors
 
 	mu       sync.RWMutex
 	sections map[string]Section // guarded by mu
@@ -45,7 +50,7 @@ type Server struct {
 
 // New creates an admin server; it listens when Start is called.
 func New(opts Options) *Server {
-	s := &Server{opts: opts, log: orDiscard(opts.Logger), sections: map[string]Section{}}
+	s := &Server{opts: opts, log: orDiscard(opts.Logger), sections: map[string]Section{}, errs: newRequestErrors(opts.Registerer)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", s.handleIndex)
 	mux.HandleFunc("/config_dump", s.handleConfigDump)
@@ -56,7 +61,7 @@ func New(opts Options) *Server {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	s.http = newHTTPServer("admin", opts.Addr, mux, s.log)
+	s.http = newHTTPServer("admin", opts.Addr, s.limitBody(mux), s.log)
 	return s
 }
 
@@ -122,10 +127,10 @@ const index = `ztunnel admin
 
 func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/" {
-		http.NotFound(w, r)
+		s.fail(w, ReasonNotFound, "page not found: "+r.URL.Path, http.StatusNotFound)
 		return
 	}
-	if !getOnly(w, r) {
+	if !s.getOnly(w, r) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -133,13 +138,13 @@ func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleConfigDump(w http.ResponseWriter, r *http.Request) {
-	if !getOnly(w, r) {
+	if !s.getOnly(w, r) {
 		return
 	}
 	body, err := s.ConfigDump()
 	if err != nil {
 		s.log.Error("config_dump failed", "err", err)
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		s.fail(w, ReasonInternal, err.Error(), http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -150,12 +155,12 @@ func (s *Server) handleLogging(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if r.Method != http.MethodGet && r.Method != http.MethodPost {
 		w.Header().Set("Allow", "GET, POST")
-		http.Error(w, "method not allowed: use GET to list levels, POST to change them", http.StatusMethodNotAllowed)
+		s.fail(w, ReasonMethod, "use GET to list levels, POST to change them", http.StatusMethodNotAllowed)
 		return
 	}
 	lv := s.opts.Levels
 	if lv == nil {
-		http.Error(w, "log levels are not adjustable in this process", http.StatusServiceUnavailable)
+		s.fail(w, ReasonUnavailable, "log levels are not adjustable in this process", http.StatusServiceUnavailable)
 		return
 	}
 	q := r.URL.Query()
@@ -165,7 +170,7 @@ func (s *Server) handleLogging(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case level != "":
 			if err := lv.Set(level); err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
+				s.fail(w, ReasonBadQuery, err.Error(), http.StatusBadRequest)
 				return
 			}
 			s.log.Info("log level changed", "levels", lv.String())
@@ -173,7 +178,7 @@ func (s *Server) handleLogging(w http.ResponseWriter, r *http.Request) {
 			lv.Reset(slog.LevelInfo)
 		}
 	} else if len(q) > 0 {
-		http.Error(w, "GET /logging takes no parameters; use POST to change levels", http.StatusBadRequest)
+		s.fail(w, ReasonBadQuery, "GET /logging takes no parameters; use POST to change levels", http.StatusBadRequest)
 		return
 	}
 	fmt.Fprintf(w, "current log level is %s\n", lv.String())
@@ -182,16 +187,25 @@ func (s *Server) handleLogging(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleQuit(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
-		http.Error(w, "method not allowed: use POST", http.StatusMethodNotAllowed)
+		s.fail(w, ReasonMethod, "use POST", http.StatusMethodNotAllowed)
 		return
 	}
 	if s.opts.Quit == nil {
-		http.Error(w, "shutdown is not wired in this process", http.StatusServiceUnavailable)
+		s.fail(w, ReasonUnavailable, "shutdown is not wired in this process", http.StatusServiceUnavailable)
 		return
 	}
 	s.quitOnce.Do(s.opts.Quit)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprint(w, "shutdown now\n")
+}
+
+func (s *Server) getOnly(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return true
+	}
+	w.Header().Set("Allow", "GET")
+	s.fail(w, ReasonMethod, "use GET", http.StatusMethodNotAllowed)
+	return false
 }
 
 func getOnly(w http.ResponseWriter, r *http.Request) bool {

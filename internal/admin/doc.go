@@ -15,4 +15,9 @@
 // registered sections (upstream's: workloads, services, policies,
 // certificates, workloadState, staticConfig, version, config), the shape
 // istioctl ztunnel-config reads.
+//
+// Bad requests (errors.go) get a 4xx whose body starts with a reason
+// constant, counted in ztunnel_admin_request_errors_total{reason} (on
+// Options.Registerer); no endpoint takes a body, so one over MaxRequestBody
+// is refused with 413, and /logging keeps at most MaxScopes overrides.
 package admin

@@ -72,6 +72,11 @@ func (l *Levels) enabled(scope string, lvl slog.Level) bool {
 	return lvl >= min
 }
 
+// MaxScopes bounds the per-scope overrides: scope names are not checked
+// against the loggers that exist (a component may log under a new one), so
+// without a bound each distinct name sent to /logging would be kept forever.
+const MaxScopes = 64
+
 // Set applies a /logging level spec: "debug" sets the default and clears
 // overrides; "proxy:debug,xds:warn" sets scopes.
 func (l *Levels) Set(spec string) error {
@@ -93,6 +98,15 @@ func (l *Levels) Set(spec string) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	added := 0
+	for _, c := range changes {
+		if _, ok := l.override[c.scope]; c.scope != "" && !ok {
+			added++
+		}
+	}
+	if len(l.override)+added > MaxScopes {
+		return fmt.Errorf("admin: level %q: more than %d scopes", spec, MaxScopes)
+	}
 	for _, c := range changes {
 		if c.scope == "" {
 			l.def = c.level

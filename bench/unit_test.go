@@ -218,22 +218,25 @@ func TestIdleFit(t *testing.T) {
 }
 
 func TestTargets(t *testing.T) {
-	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}}
-	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450},
+	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, LatencyHOL: Latency{P99: 900}}
+	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450}, LatencyHOL: Latency{P99: 890},
 		CPUVCPU: 0.02, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 9000}
-	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600},
+	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600}, LatencyHOL: Latency{P99: 6000},
 		CPUVCPU: 0.05, RSSMB: 20, BytesPerIdleConn: 20000, ConnPerS: 1000}
+	noHOL := good
+	noHOL.LatencyHOL = Latency{}
 	cases := []struct {
 		name    string
 		rs      []ScenarioResult
 		met     int
-		noted   int
+		noted   int // "not measured"
 		p50Step float64
 	}{
-		{"all met", []ScenarioResult{direct, good}, 7, 0, 50},
+		{"all met", []ScenarioResult{direct, good}, 8, 0, 50},
 		{"all missed", []ScenarioResult{direct, bad}, 0, 0, 150},
-		{"no direct: relative goals not measured", []ScenarioResult{good}, 4, 3, 150},
-		{"no cross-node: nothing measured", []ScenarioResult{direct}, 0, 7, -100},
+		{"no direct: relative goals not measured, HOL is", []ScenarioResult{good}, 5, 3, 150},
+		{"no cross-node: nothing measured", []ScenarioResult{direct}, 0, 8, -100},
+		{"no HOL samples: HOL not measured", []ScenarioResult{direct, noHOL}, 7, 1, 50},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -243,15 +246,30 @@ func TestTargets(t *testing.T) {
 				if x.Met {
 					met++
 				}
-				if x.Note != "" {
+				if strings.HasPrefix(x.Note, notMeasured) {
 					noted++
 				}
 			}
-			if len(ts) != 7 || met != tc.met || noted != tc.noted || ts[1].Value != tc.p50Step {
+			if len(ts) != 8 || met != tc.met || noted != tc.noted || ts[1].Value != tc.p50Step {
 				t.Fatalf("%d targets, %d met, %d noted, p50 step %v: %+v", len(ts), met, noted, ts[1].Value, ts)
 			}
 		})
 	}
+}
+
+func TestHOLTargetNotesDirectFloor(t *testing.T) {
+	direct := ScenarioResult{Name: scDirect, Latency: Latency{P99: 300}, LatencyHOL: Latency{P99: 9000}}
+	x := ScenarioResult{Name: scCrossNode, Latency: Latency{P99: 1000}, LatencyHOL: Latency{P99: 1500}}
+	for _, tg := range targets([]ScenarioResult{direct, x}) {
+		if tg.Name != targetHOL {
+			continue
+		}
+		if tg.Value != 1.5 || !tg.Met || !strings.Contains(tg.Note, "direct's own ratio 30.00") {
+			t.Fatalf("HOL target %+v", tg)
+		}
+		return
+	}
+	t.Fatal("no HOL target")
 }
 
 // TestOutputShapes checks results.json carries the field names the issue

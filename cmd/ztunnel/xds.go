@@ -29,6 +29,12 @@ func (a *app) startXDS(ready func()) error {
 		Handler:    a.store,
 		Logger:     a.levels.Logger("xds"),
 		Registerer: a.reg,
+		// Readiness names why config is still missing: the last stream error.
+		OnStreamEnd: func(reason string, err error) {
+			if err != nil {
+				a.ready.SetDetail("config", "xds "+reason+": "+err.Error())
+			}
+		},
 	}
 	switch r := cfg.XDSRootCA; {
 	case r.Static != nil:

@@ -40,12 +40,12 @@ type Readiness struct {
 	http *httpServer
 
 	mu      sync.Mutex
-	pending map[string]bool // condition → still pending; guarded by mu
+	pending map[string]string // condition → why it is still pending ("" unknown); guarded by mu
 }
 
 // NewReadiness serves readiness on addr.
 func NewReadiness(addr string, log *slog.Logger) *Readiness {
-	r := &Readiness{pending: map[string]bool{}}
+	r := &Readiness{pending: map[string]string{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz/ready", r.handle)
 	r.http = newHTTPServer("readiness", addr, mux, orDiscard(log))
@@ -56,13 +56,24 @@ func NewReadiness(addr string, log *slog.Logger) *Readiness {
 // ready, and returns the function that marks it (safe to call twice).
 func (r *Readiness) Register(name string) (done func()) {
 	r.mu.Lock()
-	r.pending[name] = true
+	r.pending[name] = ""
 	r.mu.Unlock()
 	return func() {
 		r.mu.Lock()
 		delete(r.pending, name)
 		r.mu.Unlock()
 	}
+}
+
+// SetDetail records why condition name is still pending (for example the
+// last xDS connection error); the 503 body shows it after the name. It does
+// nothing once the condition is met. An empty detail clears it.
+func (r *Readiness) SetDetail(name, detail string) {
+	r.mu.Lock()
+	if _, ok := r.pending[name]; ok {
+		r.pending[name] = detail
+	}
+	r.mu.Unlock()
 }
 
 // Pending lists conditions not yet met, sorted.
@@ -77,12 +88,25 @@ func (r *Readiness) handle(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if p := r.Pending(); len(p) > 0 {
+	if p := r.pendingText(); len(p) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: waiting for %s\n", strings.Join(p, ", "))
 		return
 	}
 	fmt.Fprint(w, "ready\n")
+}
+
+// pendingText is Pending with each detail in parentheses.
+func (r *Readiness) pendingText() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := sortedKeys(r.pending)
+	for i, name := range out {
+		if d := r.pending[name]; d != "" {
+			out[i] = name + " (" + d + ")"
+		}
+	}
+	return out
 }
 
 func (r *Readiness) Start() error                       { return r.http.start() }

@@ -68,6 +68,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer may be nil (no metrics).
 	Registerer prometheus.Registerer
+	// OnStreamEnd, if not nil, is called from Run each time a stream ends
+	// (or could not be opened), with the termination reason label and the
+	// error; readiness uses it to say why config has not arrived.
+	OnStreamEnd func(reason string, err error)
 }
 
 // Client is a delta ADS client for ztunnel's two resource types. Create it
@@ -185,6 +189,9 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		}
 		c.m.terminations.WithLabelValues(string(reason)).Inc()
+		if c.opts.OnStreamEnd != nil {
+			c.opts.OnStreamEnd(string(reason), err)
+		}
 		delay := bo.next(healthy)
 		level := slog.LevelWarn
 		if reason == reasonReconnect || reason == reasonComplete {

@@ -63,4 +63,3 @@ func listenPair(addr string, f ListenFuncs) (net.PacketConn, net.Listener, error
 
 // LocalListenFuncs listen in the current netns.
 var LocalListenFuncs = ListenFuncs{Listen: net.Listen, ListenPacket: net.ListenPacket}
-

@@ -82,10 +82,10 @@ func orUnknown(s string) string {
 	return s
 }
 
-func (m *Metrics) request(l labels)          { m.requests.WithLabelValues(l[:]...).Inc() }
-func (m *Metrics) forward(l labels)          { m.forwarded.WithLabelValues(l[:]...).Inc() }
-func (m *Metrics) forwardFailure(l labels)   { m.forwardFailures.WithLabelValues(l[:]...).Inc() }
-func (m *Metrics) countError(r Reason)       { m.errors.WithLabelValues(string(r)).Inc() }
+func (m *Metrics) request(l labels)        { m.requests.WithLabelValues(l[:]...).Inc() }
+func (m *Metrics) forward(l labels)        { m.forwarded.WithLabelValues(l[:]...).Inc() }
+func (m *Metrics) forwardFailure(l labels) { m.forwardFailures.WithLabelValues(l[:]...).Inc() }
+func (m *Metrics) countError(r Reason)     { m.errors.WithLabelValues(string(r)).Inc() }
 func (m *Metrics) forwardTook(l labels, d time.Duration) {
 	m.forwardDurations.WithLabelValues(l[:]...).Observe(d.Seconds())
 }

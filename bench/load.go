@@ -39,9 +39,9 @@ type path struct {
 	verified atomic.Int64 // payload bytes received and checked
 }
 
-func (p *path) addr(port int) string {
-	return netip.AddrPortFrom(p.server, uint16(port)).String()
-}
+func (p *path) addr(port int) string { return p.addrPort(port).String() }
+
+func (p *path) addrPort(port int) netip.AddrPort { return netip.AddrPortFrom(p.server, uint16(port)) }
 
 // dial connects from the client pod (any goroutine).
 func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {
@@ -164,10 +164,24 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 		}
 		defer closeAll(pool)
 	}
+	var sockets *socketFactory
+	if !reuse {
+		sockets = newSocketFactory(p.client)
+		defer sockets.close() // a failure to make sockets fails the dials, which report it
+	}
 	ch := make(chan int, n)
 	var start time.Time // written by schedule before its first send on ch
+	// The schedule starts only when every worker waits on ch: a worker
+	// still entering the pod's namespace (a new OS thread and a setns each)
+	// when its first requests are due would put a start-up backlog into
+	// the figures.
+	var waiting atomic.Int64
+	allReady := make(chan struct{})
 	worker := func(w int) error {
 		req, resp := make([]byte, msgSize), make([]byte, msgSize)
+		if waiting.Add(1) == int64(conns) {
+			close(allReady)
+		}
 		for i := range ch {
 			if ctx.Err() != nil {
 				continue // drain
@@ -180,10 +194,11 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 				c = pool[w]
 			} else {
 				var err error
-				if c, err = p.dialHere(ctx, echoPort); err != nil {
+				if c, err = sockets.dial(ctx, p.addrPort(echoPort)); err != nil {
 					fe.set(err)
 					continue
 				}
+				p.dials.Add(1)
 			}
 			err := roundTrip(c, req, resp)
 			if !reuse {
@@ -198,14 +213,13 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 		}
 		return nil
 	}
-	// Workers wait on ch before the schedule starts.
 	var wg sync.WaitGroup
-	if reuse {
-		for w := range conns {
-			wg.Go(func() { _ = worker(w) })
-		}
-	} else {
-		wg.Go(func() { fe.set(p.inClient(conns, worker)) })
+	for w := range conns {
+		wg.Go(func() { _ = worker(w) })
+	}
+	select {
+	case <-allReady:
+	case <-ctx.Done():
 	}
 	schedule(ctx, n, interval, ch, &start)
 	wg.Wait()

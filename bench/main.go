@@ -227,6 +227,7 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		res.Scenarios = append(res.Scenarios, sr)
 	}
 	res.Notes = append(res.Notes, r.notes...)
+	flagImplausible(res.Scenarios)
 	res.Targets = targets(res.Scenarios)
 	if cfg.profile {
 		if name, ok := slowest(res.Scenarios); ok {

@@ -154,6 +154,14 @@ func holRatio(r ScenarioResult) float64 {
 	return r.LatencyHOL.P99 / r.Latency.P99
 }
 
+// safeRatio is v/base, 0 when base is not positive.
+func safeRatio(v, base float64) float64 {
+	if base <= 0 {
+		return 0
+	}
+	return v / base
+}
+
 // ratio formats v and v/base.
 func ratio(v, base float64, format string) string {
 	s := fmt.Sprintf(format, v)
@@ -169,10 +177,11 @@ func printTable(w io.Writer, res *Results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCENARIO\tTPUT 1 STREAM Gbit/s\tTPUT 8 STREAMS Gbit/s\tp50 µs\tp90 µs\tp99 µs\tp999 µs\t")
 	for _, r := range res.Scenarios {
+		bang := implausibleMark(r, "latency_us")
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name,
 			ratio(r.Throughput1, d.Throughput1, "%.2f"), ratio(r.Throughput8, d.Throughput8, "%.2f"),
-			ratio(r.Latency.P50, d.Latency.P50, "%.0f"), ratio(r.Latency.P90, d.Latency.P90, "%.0f"),
-			ratio(r.Latency.P99, d.Latency.P99, "%.0f"), ratio(r.Latency.P999, d.Latency.P999, "%.0f"))
+			ratio(r.Latency.P50, d.Latency.P50, "%.0f")+bang, ratio(r.Latency.P90, d.Latency.P90, "%.0f")+bang,
+			ratio(r.Latency.P99, d.Latency.P99, "%.0f")+bang, ratio(r.Latency.P999, d.Latency.P999, "%.0f")+bang)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -184,14 +193,20 @@ func printTable(w io.Writer, res *Results) {
 			}
 			return fmt.Sprintf(f, v)
 		}
+		bang := implausibleMark(r, "latency_new_conn_us")
 		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%s\t%s\t%s\t%s\t\n", r.Name,
-			ratio(r.LatencyNewConn.P50, d.LatencyNewConn.P50, "%.0f"), ratio(r.LatencyNewConn.P99, d.LatencyNewConn.P99, "%.0f"),
+			ratio(r.LatencyNewConn.P50, d.LatencyNewConn.P50, "%.0f")+bang, ratio(r.LatencyNewConn.P99, d.LatencyNewConn.P99, "%.0f")+bang,
 			ratio(r.LatencyHOL.P50, d.LatencyHOL.P50, "%.0f"), ratio(r.LatencyHOL.P99, d.LatencyHOL.P99, "%.0f"),
 			ratio(r.ConnPerS, d.ConnPerS, "%.0f"),
 			cost(r.CPUVCPU, "%.4f"), cost(r.RSSMB, "%.1f"), cost(r.BytesPerIdleConn, "%.0f"))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels")
+	fmt.Fprintf(w, "self-check: direct's new-connection p50 %.0f µs is %.2f × a plain connect/round-trip/close loop's p50 %.0f µs (allowed %.0f ×)\n",
+		d.LatencyNewConn.P50, safeRatio(d.LatencyNewConn.P50, d.LoopNewConn.P50), d.LoopNewConn.P50, plausibleNewConn)
+	for _, why := range d.Implausible {
+		fmt.Fprintf(w, "! IMPLAUSIBLE direct %s\n", why)
+	}
 	fmt.Fprintln(w)
 	for _, t := range res.Targets {
 		mark := "MISSED"

@@ -80,25 +80,33 @@ type ZtunnelCost struct {
 
 // ScenarioResult is one scenario's figures (results.json).
 type ScenarioResult struct {
-	Name             string        `json:"name"`
-	Throughput1      float64       `json:"throughput_gbps_1stream"`
-	Throughput8      float64       `json:"throughput_gbps_8streams"`
-	Latency          Latency       `json:"latency_us"`
-	ConnPerS         float64       `json:"conn_per_s"`
-	CPUVCPU          float64       `json:"cpu_vcpu_per_1000rps"`
-	RSSMB            float64       `json:"rss_mb"`
-	BytesPerIdleConn float64       `json:"bytes_per_idle_conn"`
-	LatencyNewConn   Latency       `json:"latency_new_conn_us"`
-	LatencyHOL       Latency       `json:"latency_hol_us"`
-	HOLBulkGbps      float64       `json:"hol_bulk_gbps"`
-	HOLHBONEConns    int           `json:"hol_hbone_tcp_conns"`
-	HarnessLag       Latency       `json:"harness_lag_us"`
-	IdleConns        int           `json:"idle_conns"`
-	Connections      int64         `json:"connections_made"`
-	BytesVerified    int64         `json:"bytes_verified"`
-	Ztunnels         []ZtunnelCost `json:"ztunnels"`
-	ZtunnelsOnPath   bool          `json:"ztunnels_on_path"`
-	DurationSeconds  float64       `json:"duration_s"`
+	Name             string  `json:"name"`
+	Throughput1      float64 `json:"throughput_gbps_1stream"`
+	Throughput8      float64 `json:"throughput_gbps_8streams"`
+	Latency          Latency `json:"latency_us"`
+	ConnPerS         float64 `json:"conn_per_s"`
+	CPUVCPU          float64 `json:"cpu_vcpu_per_1000rps"`
+	RSSMB            float64 `json:"rss_mb"`
+	BytesPerIdleConn float64 `json:"bytes_per_idle_conn"`
+	LatencyNewConn   Latency `json:"latency_new_conn_us"`
+	LatencyHOL       Latency `json:"latency_hol_us"`
+	HOLBulkGbps      float64 `json:"hol_bulk_gbps"`
+	HOLHBONEConns    int     `json:"hol_hbone_tcp_conns"`
+	HarnessLag       Latency `json:"harness_lag_us"`
+	HarnessLagNew    Latency `json:"harness_lag_new_conn_us"`
+	// Plain loops of the same operations, measured just before each
+	// open-loop phase (selfcheck.go), and for direct the reasons its
+	// figures cannot be trusted (for the others: that their ratios rest on
+	// such a figure).
+	LoopLatency     Latency       `json:"loop_latency_us"`
+	LoopNewConn     Latency       `json:"loop_new_conn_us"`
+	Implausible     []string      `json:"implausible,omitempty"`
+	IdleConns       int           `json:"idle_conns"`
+	Connections     int64         `json:"connections_made"`
+	BytesVerified   int64         `json:"bytes_verified"`
+	Ztunnels        []ZtunnelCost `json:"ztunnels"`
+	ZtunnelsOnPath  bool          `json:"ztunnels_on_path"`
+	DurationSeconds float64       `json:"duration_s"`
 }
 
 // runner holds what every scenario shares.
@@ -150,6 +158,10 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	r.progress("[%s] %s → %s", d.name, d.client, d.server)
 	err = r.fresh(ctx, d, p, counted, func() error {
 		// 1000 rps on reused connections, with CPU and RSS sampled.
+		var err error
+		if res.LoopLatency, err = p.baselineLoop(ctx, true); err != nil {
+			return fmt.Errorf("loop (reused connection): %w", err)
+		}
 		lat, err := r.withCost(ctx, costNodes, costs, func() (openLoopResult, error) {
 			return p.openLoop(ctx, r.cfg.rate, r.cfg.duration, true, latencyConns)
 		})
@@ -157,18 +169,33 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			return fmt.Errorf("latency (reused connections): %w", err)
 		}
 		res.Latency, res.HarnessLag = lat.latency, lat.lag
-		r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs); vCPU %s; RSS MiB %s",
-			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99,
+		r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs; plain loop p50 %.0fµs); vCPU %s; RSS MiB %s",
+			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99, res.LoopLatency.P50,
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f"))
 
+		if res.LoopNewConn, err = p.baselineLoop(ctx, false); err != nil {
+			return fmt.Errorf("loop (new connections): %w", err)
+		}
 		nc, err := p.openLoop(ctx, r.cfg.rate, r.cfg.duration, false, newConnWorkers)
 		if err != nil {
 			return fmt.Errorf("latency (new connections): %w", err)
 		}
-		res.LatencyNewConn = nc.latency
-		r.progress("[%s] latency %d rps, a new connection each: p50 %.0fµs p99 %.0fµs (%d requests in %.2fs)",
-			d.name, r.cfg.rate, nc.latency.P50, nc.latency.P99, nc.latency.Count, nc.elapsed.Seconds())
+		res.LatencyNewConn, res.HarnessLagNew = nc.latency, nc.lag
+		r.progress("[%s] latency %d rps, a new connection each: p50 %.0fµs p99 %.0fµs (%d requests in %.2fs; send lag p50 %.0fµs p99 %.0fµs); plain loop p50 %.0fµs (%.2f×)",
+			d.name, r.cfg.rate, nc.latency.P50, nc.latency.P99, nc.latency.Count, nc.elapsed.Seconds(), nc.lag.P50, nc.lag.P99,
+			res.LoopNewConn.P50, nc.latency.P50/res.LoopNewConn.P50)
+		if d.name == scDirect {
+			for _, why := range []string{
+				implausible("latency_us", res.Latency, res.LoopLatency, plausibleReused),
+				implausible("latency_new_conn_us", res.LatencyNewConn, res.LoopNewConn, plausibleNewConn),
+			} {
+				if why != "" {
+					r.progress("WARNING: [%s] %s", d.name, why)
+					res.Implausible = append(res.Implausible, why)
+				}
+			}
+		}
 
 		if err := r.headOfLine(ctx, p, d, r.cfg.duration, &res); err != nil {
 			return fmt.Errorf("head-of-line: %w", err)

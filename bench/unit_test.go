@@ -371,3 +371,42 @@ func checkSVG(t *testing.T, path string) {
 		t.Fatalf("only %d rects in the plot", rects)
 	}
 }
+
+func TestImplausible(t *testing.T) {
+	loop := Latency{P50: 200, Count: 200}
+	cases := []struct {
+		name   string
+		open   Latency
+		loop   Latency
+		factor float64
+		want   bool
+	}{
+		{"within the factor", Latency{P50: 390, Count: 1000}, loop, 2, false},
+		{"a backlog (issue #14: 182 ms)", Latency{P50: 182000, Count: 1000}, loop, 2, true},
+		{"no loop samples: no verdict", Latency{P50: 182000, Count: 1000}, Latency{}, 2, false},
+		{"reused phase: a cold 4 × is normal", Latency{P50: 140, Count: 1000}, Latency{P50: 35, Count: 200}, 10, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := implausible("latency_new_conn_us", tc.open, tc.loop, tc.factor); (got != "") != tc.want {
+				t.Fatalf("implausible = %q, want flagged %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFlagImplausible(t *testing.T) {
+	rs := []ScenarioResult{
+		{Name: scDirect, Implausible: []string{implausible("latency_new_conn_us", Latency{P50: 182000, Count: 1}, Latency{P50: 200, Count: 1}, 2)}},
+		{Name: scCrossNode},
+	}
+	flagImplausible(rs)
+	if implausibleMark(rs[1], "latency_new_conn_us") != "!" || implausibleMark(rs[1], "latency_us") != "" || len(rs[0].Implausible) != 1 {
+		t.Fatalf("flags: %+v", rs)
+	}
+	var b strings.Builder
+	printTable(&b, &Results{Scenarios: rs})
+	if !strings.Contains(b.String(), "! IMPLAUSIBLE direct latency_new_conn_us") {
+		t.Fatalf("table does not flag it:\n%s", b.String())
+	}
+}

@@ -38,6 +38,9 @@ const (
 	// The in-pod iptables rules skip packets with this mark, so ztunnel's own
 	// upstream sockets are not captured again (0x539).
 	defaultInpodMark = 1337
+	// Upstream's DNS proxy address; istio-cni redirects port 53 to 15053.
+	defaultDNSProxyAddr = "localhost:15053"
+	defaultResolvConf   = "/etc/resolv.conf"
 
 	// SYSTEM as a root-CA setting means the system trust store.
 	rootCertSystem = "SYSTEM"
@@ -96,6 +99,17 @@ type Config struct {
 	// upstream; false never; true required.
 	OriginalSource *bool
 	PacketMark     uint32 // 0 means do not mark
+
+	// DNSCapture runs the DNS proxy (ISTIO_META_DNS_CAPTURE unset or "true",
+	// as upstream: any other value turns it off).
+	DNSCapture bool
+	// DNSProxyAddr is where it listens (ISTIO_META_DNS_PROXY_ADDR):
+	// "localhost:PORT" (127.0.0.1 and, if present, ::1) or "IP:PORT"; in
+	// each pod's netns in shared mode.
+	DNSProxyAddr string
+	// DNSResolvConf lists the resolvers names outside the mesh go to
+	// (DNS_RESOLV_CONF, this project's; default /etc/resolv.conf).
+	DNSResolvConf string
 
 	NodeName      string
 	ClusterID     string
@@ -198,6 +212,8 @@ func Parse(environ []string) (*Config, error) {
 		markDefault = defaultInpodMark
 	}
 	c.PacketMark = uint32(p.uint("PACKET_MARK", markDefault, 0, 1<<32-1))
+	c.DNSCapture, c.DNSProxyAddr = p.dns()
+	c.DNSResolvConf = p.str("DNS_RESOLV_CONF", defaultResolvConf)
 
 	c.NodeName = p.str("NODE_NAME", "")
 	c.ClusterID = p.str("ISTIO_META_CLUSTER_ID", "")
@@ -390,6 +406,27 @@ func (p *parser) rootCert(name string) RootCert {
 		return RootCert{}
 	}
 	return RootCert{Static: []byte(v)}
+}
+
+// dns reads ISTIO_META_DNS_CAPTURE and ISTIO_META_DNS_PROXY_ADDR as
+// upstream does (proxy metadata): capture is on unless set to something
+// other than "true" (any case); the address is localhost:PORT or IP:PORT.
+func (p *parser) dns() (bool, string) {
+	capture := true
+	if v, ok := p.get("ISTIO_META_DNS_CAPTURE"); ok {
+		capture = strings.EqualFold(v, "true")
+	}
+	addr, ok := p.get("ISTIO_META_DNS_PROXY_ADDR")
+	if !ok {
+		return capture, defaultDNSProxyAddr
+	}
+	host, port, err := net.SplitHostPort(addr)
+	_, perr := strconv.ParseUint(port, 10, 16)
+	if err != nil || perr != nil || (host != "localhost" && net.ParseIP(host) == nil) {
+		p.failVar("ISTIO_META_DNS_PROXY_ADDR", addr, "must be localhost:PORT or IP:PORT, e.g. 127.0.0.1:15053")
+		return capture, defaultDNSProxyAddr
+	}
+	return capture, addr
 }
 
 func (p *parser) token() AuthToken {

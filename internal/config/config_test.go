@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -142,5 +143,42 @@ func TestSeveralErrorsReportedTogether(t *testing.T) {
 	want := "config: PROXY_MODE=\"x\": must be one of shared, dedicated\nconfig: FAKE_CA=\"maybe\": must be true or false"
 	if err == nil || err.Error() != want {
 		t.Fatalf("error = %v, want %q", err, want)
+	}
+}
+
+func TestDNS(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     []string
+		capture bool
+		addr    string
+		resolv  string
+		err     string
+	}{
+		{"defaults: on, localhost:15053", nil, true, "localhost:15053", "/etc/resolv.conf", ""},
+		{"capture true in any case", []string{"ISTIO_META_DNS_CAPTURE=TRUE"}, true, "localhost:15053", "/etc/resolv.conf", ""},
+		{"capture false", []string{"ISTIO_META_DNS_CAPTURE=false"}, false, "localhost:15053", "/etc/resolv.conf", ""},
+		{"capture other value is off, as upstream", []string{"ISTIO_META_DNS_CAPTURE=no"}, false, "localhost:15053", "/etc/resolv.conf", ""},
+		{"address moved", []string{"ISTIO_META_DNS_PROXY_ADDR=127.0.0.1:5353", "DNS_RESOLV_CONF=/tmp/r.conf"}, true, "127.0.0.1:5353", "/tmp/r.conf", ""},
+		{"IPv6 address", []string{"ISTIO_META_DNS_PROXY_ADDR=[::1]:15053"}, true, "[::1]:15053", "/etc/resolv.conf", ""},
+		{"bad address", []string{"ISTIO_META_DNS_PROXY_ADDR=not-an-address"}, false, "", "", `ISTIO_META_DNS_PROXY_ADDR="not-an-address": must be localhost:PORT or IP:PORT`},
+		{"hostname other than localhost", []string{"ISTIO_META_DNS_PROXY_ADDR=dns.local:53"}, false, "", "", "ISTIO_META_DNS_PROXY_ADDR"},
+		{"port out of range", []string{"ISTIO_META_DNS_PROXY_ADDR=localhost:70000"}, false, "", "", "ISTIO_META_DNS_PROXY_ADDR"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(tc.env)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.DNSCapture != tc.capture || c.DNSProxyAddr != tc.addr || c.DNSResolvConf != tc.resolv {
+				t.Errorf("got capture %v addr %q resolv %q, want %v %q %q", c.DNSCapture, c.DNSProxyAddr, c.DNSResolvConf, tc.capture, tc.addr, tc.resolv)
+			}
+		})
 	}
 }

@@ -13,11 +13,14 @@
 // HTTP2_STREAM_WINDOW_SIZE, HTTP2_CONNECTION_WINDOW_SIZE, HTTP2_FRAME_SIZE,
 // SECRET_TTL, TERMINATION_GRACE_PERIOD_SECONDS,
 // CONNECTION_TERMINATION_DEADLINE, INSTANCE_IP, POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT,
-// TRUST_DOMAIN, ISTIO_META_*, ISTIO_METAJSON_*, XDS_HEADER_*, CA_HEADER_*,
+// TRUST_DOMAIN, ISTIO_META_* (ISTIO_META_DNS_CAPTURE: DNS proxy on unless
+// set to something other than "true"; ISTIO_META_DNS_PROXY_ADDR: its
+// address, default localhost:15053), ISTIO_METAJSON_*, XDS_HEADER_*, CA_HEADER_*,
 // ALT_XDS_HOSTNAME, ALT_CA_HOSTNAME, KUBERNETES_SERVICE_HOST.
 //
 // Read (this project's extensions): LOCAL_CA_DIR (Istio plug-in CA files for
-// the built-in CA), ADMIN_ADDR, STATS_ADDR, READINESS_ADDR (listen
+// the built-in CA), DNS_RESOLV_CONF (the resolvers the DNS proxy forwards
+// names outside the mesh to; default /etc/resolv.conf), ADMIN_ADDR, STATS_ADDR, READINESS_ADDR (listen
 // addresses; defaults 127.0.0.1:15000, [::]:15020, [::]:15021), LOG_LEVEL,
 // LOG_FORMAT.
 package config

@@ -23,8 +23,14 @@ const (
 	// requests over; at 1000 rps and sub-millisecond latency one would do,
 	// 16 leave room so a stall queues in the harness (and counts) rather
 	// than serializing behind one socket.
-	latencyConns    = 16
-	newConnWorkers  = 32  // concurrent dialers of the new-connection latency phase
+	latencyConns = 16
+	// newConnWorkers: requests of the new-connection phase in flight at
+	// most. An open loop must not be limited by its own workers: with 32,
+	// a path (or a starved machine) taking over 32 ms per connection made
+	// the harness queue requests at 1000/s, and that queue — the harness —
+	// was the figure. Workers are plain goroutines (nsdial.go), cheap to
+	// keep waiting; 256 also bounds the sockets open at once.
+	newConnWorkers  = 256
 	connRateWorkers = 16  // closed-loop dialers of the connection-rate phase
 	idleDialers     = 64  // parallel dials when opening idle connections
 	idleProbe       = 100 // idle connections opened first to measure descriptors per connection
@@ -47,10 +53,13 @@ type config struct {
 	outDir    string
 	quick     bool
 	profile   bool
-	binary    string // prebuilt ztunnel; empty: build one
-	idleConns int
-	rate      int
-	prefix    string // namespace prefix
+	// profilePhase: the load the profiles are taken under, profileHOL or
+	// profileRPS.
+	profilePhase string
+	binary       string // prebuilt ztunnel; empty: build one
+	idleConns    int
+	rate         int
+	prefix       string // namespace prefix
 }
 
 func main() {
@@ -79,6 +88,7 @@ func parseFlags(args []string) (config, error) {
 	out := fs.String("out", "", "directory for results.json, results.svg and profiles (default bench/out in the repository)")
 	quick := fs.Bool("quick", false, "short run: 1s measurements, 2000 idle connections, whole run under a minute")
 	prof := fs.Bool("profile", false, "write CPU and heap profiles of each ztunnel for the slowest scenario")
+	profPhase := fs.String("profile-phase", profileHOL, "load during -profile: "+profileHOL+" (bulk stream + 1000 rps, slowest scenario) or "+profileRPS+" (1000 rps on reused connections alone, hbone-cross-node: what the CPU target measures); implies -profile")
 	bin := fs.String("ztunnel", "", "use this ztunnel binary instead of building ./cmd/ztunnel")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
 	if err := fs.Parse(args); err != nil {
@@ -89,7 +99,11 @@ func parseFlags(args []string) (config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof, binary: *bin, idleConns: *idle, rate: defaultRate, prefix: "zb"}
+	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof || set["profile-phase"], profilePhase: *profPhase,
+		binary: *bin, idleConns: *idle, rate: defaultRate, prefix: "zb"}
+	if cfg.profilePhase != profileHOL && cfg.profilePhase != profileRPS {
+		return config{}, fmt.Errorf("-profile-phase %q: want %s or %s", cfg.profilePhase, profileHOL, profileRPS)
+	}
 	if cfg.quick && !set["duration"] {
 		cfg.duration = quickDuration
 	}
@@ -218,6 +232,15 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		},
 	}
 	res.Notes = append(res.Notes, notes...)
+	ml := &res.Machine.MachineLoad
+	var waited time.Duration
+	if ml.LoadStart, waited, err = settle(ctx, cfg.quick, log); err != nil {
+		return nil, err
+	}
+	ml.SettleWait = waited.Seconds()
+	ml.LagStart = probeLag(ctx, cfg.rate)
+	log("machine at start: %.2f runnable tasks, %.2f cores busy (1-min load average %.2f); harness send lag p50 %.0fµs p99 %.0fµs",
+		ml.LoadStart.Runnable, ml.LoadStart.CPUBusy, ml.LoadStart.LoadAvg1, ml.LagStart.P50, ml.LagStart.P99)
 	for _, name := range cfg.scenarios {
 		d, _ := findScenario(name)
 		sr, err := r.run(ctx, d)
@@ -226,14 +249,26 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		}
 		res.Scenarios = append(res.Scenarios, sr)
 	}
+	if ml.LoadEnd, err = sampleLoad(ctx); err != nil {
+		return nil, err
+	}
+	ml.LagEnd = probeLag(ctx, cfg.rate)
+	log("machine at end: %.2f runnable tasks, %.2f cores busy (1-min load average %.2f); harness send lag p50 %.0fµs p99 %.0fµs",
+		ml.LoadEnd.Runnable, ml.LoadEnd.CPUBusy, ml.LoadEnd.LoadAvg1, ml.LagEnd.P50, ml.LagEnd.P99)
+	d, _ := byName(res.Scenarios, scDirect)
+	ml.judgeBusy(d.Latency.P99)
+	for _, why := range ml.BusyReasons {
+		log("WARNING: machine busy: %s", why)
+		res.Notes = append(res.Notes, "machine busy: "+why)
+	}
 	res.Notes = append(res.Notes, r.notes...)
 	flagImplausible(res.Scenarios)
 	res.Targets = targets(res.Scenarios)
 	if cfg.profile {
-		if name, ok := slowest(res.Scenarios); ok {
+		if name, ok := profiled(res.Scenarios, cfg.profilePhase); ok {
 			d, _ := findScenario(name)
 			secs := int(max(3*time.Second, min(30*time.Second, 2*cfg.duration)) / time.Second)
-			files, err := r.profile(ctx, d, cfg.outDir, secs)
+			files, err := r.profile(ctx, d, cfg.profilePhase, cfg.outDir, secs)
 			if err != nil {
 				return nil, err
 			}
@@ -259,7 +294,10 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	}
 	fmt.Fprintf(stdout, "\nwall time %.1fs; machine: %s, %d cores, %s (shared and noisy: compare ratios within a run)\n",
 		res.Config.WallSeconds, res.Machine.CPUModel, res.Machine.Cores, res.Machine.Kernel)
-	if cfg.quick && !cfg.profile && time.Since(began) > quickBudget {
+	for _, why := range ml.BusyReasons {
+		fmt.Fprintf(stdout, "WARNING: machine busy: %s: the figures are worse than this machine's best\n", why)
+	}
+	if cfg.quick && !cfg.profile && time.Since(began)-waited > quickBudget {
 		log("warning: -quick took %.0fs, over its %v budget", time.Since(began).Seconds(), quickBudget)
 	}
 	return res, nil

@@ -13,11 +13,15 @@ import (
 func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost, fn func() (openLoopResult, error)) (openLoopResult, error) {
 	pids := make([]int, len(nodes))
 	cpu0 := make([]time.Duration, len(nodes))
+	sw0 := make([]Switches, len(nodes))
 	for i, ni := range nodes {
 		n := r.node(ni)
 		pids[i] = n.Pid()
 		costs[i].OpenFilesLimit, _ = openFilesLimit(pids[i])
 		var err error
+		if sw0[i], err = processSwitches(pids[i]); err != nil {
+			return openLoopResult{}, err
+		}
 		if cpu0[i], err = processCPU(pids[i]); err != nil {
 			return openLoopResult{}, err
 		}
@@ -61,8 +65,18 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 		if err != nil {
 			return res, err
 		}
+		sw1, err := processSwitches(pid)
+		if err != nil {
+			return res, err
+		}
 		costs[i].CPUVCPU = (cpu1 - cpu0[i]).Seconds() / wall.Seconds()
 		costs[i].RSSMB = float64(peak[i]) / (1 << 20)
+		if reqs := float64(res.latency.Count); reqs > 0 {
+			vol := float64(sw1.Voluntary - sw0[i].Voluntary)
+			costs[i].VolCtxSwitchesPerReq = vol / reqs
+			costs[i].CtxSwitchesPerReq = (vol + float64(sw1.Nonvoluntary-sw0[i].Nonvoluntary)) / reqs
+			costs[i].SyscallsPerReq = float64(sw1.Syscalls-sw0[i].Syscalls) / reqs
+		}
 	}
 	return res, nil
 }

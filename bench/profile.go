@@ -28,18 +28,39 @@ func slowest(rs []ScenarioResult) (string, bool) {
 	return best, found
 }
 
-// profile re-runs load on scenario d (one bulk stream beside 1000 rps of
-// 1 KiB requests) while taking a CPU profile of every ztunnel on its path
-// through the admin endpoint inside the node namespace, then takes a heap
-// profile. It returns the files written (pprof protobufs and, when `go
-// tool pprof` is available, their -top text).
-func (r *runner) profile(ctx context.Context, d scenarioDef, dir string, seconds int) ([]string, error) {
+// Profile phases (-profile-phase).
+const (
+	profileHOL = "hol" // one bulk stream beside 1000 rps of 1 KiB requests
+	profileRPS = "rps" // 1000 rps of 1 KiB on reused connections alone: the CPU target's load
+)
+
+// profiled picks the scenario to profile: for profileRPS hbone-cross-node
+// (the scenario the CPU target is about) when it was run; otherwise the
+// slowest.
+func profiled(rs []ScenarioResult, phase string) (string, bool) {
+	if _, ok := byName(rs, scCrossNode); ok && phase == profileRPS {
+		return scCrossNode, true
+	}
+	return slowest(rs)
+}
+
+// profile re-runs the load of phase on scenario d while taking a CPU
+// profile of every ztunnel on its path through the admin endpoint inside
+// the node namespace, then takes a heap profile. It returns the files
+// written (pprof protobufs and, when `go tool pprof` is available, their
+// -top text), named <scenario>-<phase>-node<N>.
+func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, seconds int) ([]string, error) {
 	p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
 	var files []string
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errs := make([]error, len(d.onPath))
-	r.progress("[%s] profiling: %ds CPU profile of each ztunnel under load", d.name, seconds)
+	// Warm the path first (HBONE pool connected, certificates cached), so
+	// the window holds the phase's steady state, not its setup.
+	if _, err := p.openLoop(ctx, 2000, 100*time.Millisecond, true, 4); err != nil {
+		return nil, fmt.Errorf("bench: profile warm-up: %w", err)
+	}
+	r.progress("[%s] profiling: %ds CPU profile of each ztunnel under load %q", d.name, seconds, phase)
 	for i, ni := range d.onPath {
 		n := r.node(ni)
 		wg.Go(func() {
@@ -52,7 +73,7 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, dir string, seconds
 				errs[i] = fmt.Errorf("bench: cpu profile of node%d: %w", ni, err)
 				return
 			}
-			f := filepath.Join(dir, fmt.Sprintf("%s-node%d.cpu.pprof", d.name, ni))
+			f := filepath.Join(dir, fmt.Sprintf("%s-%s-node%d.cpu.pprof", d.name, phase, ni))
 			if err := os.WriteFile(f, body, 0o644); err != nil {
 				errs[i] = err
 				return
@@ -65,8 +86,13 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, dir string, seconds
 	// Load for the profile's whole window (a little longer, so the window
 	// never sees the load stop).
 	load := time.Duration(seconds)*time.Second + 500*time.Millisecond
-	var res ScenarioResult
-	lerr := r.headOfLine(ctx, p, d, load, &res)
+	var lerr error
+	if phase == profileRPS {
+		_, lerr = p.openLoop(ctx, r.cfg.rate, load, true, latencyConns)
+	} else {
+		var res ScenarioResult
+		lerr = r.headOfLine(ctx, p, d, load, &res)
+	}
 	wg.Wait()
 	if err := errors.Join(append(errs, lerr)...); err != nil {
 		return files, err
@@ -79,7 +105,7 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, dir string, seconds
 		if err != nil {
 			return files, fmt.Errorf("bench: heap profile of node%d: %w", ni, err)
 		}
-		f := filepath.Join(dir, fmt.Sprintf("%s-node%d.heap.pprof", d.name, ni))
+		f := filepath.Join(dir, fmt.Sprintf("%s-%s-node%d.heap.pprof", d.name, phase, ni))
 		if err := os.WriteFile(f, body, 0o644); err != nil {
 			return files, err
 		}

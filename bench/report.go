@@ -33,6 +33,7 @@ type Machine struct {
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	MemTotalMB int64  `json:"mem_total_mb"`
 	LoadAvg    string `json:"loadavg_at_start"`
+	MachineLoad
 }
 
 // RunConfig records the settings of the run.

@@ -68,6 +68,12 @@ type ZtunnelCost struct {
 	CPUVCPU float64 `json:"cpu_vcpu_per_1000rps"`
 	// RSSMB is the peak VmRSS during that phase, MiB.
 	RSSMB float64 `json:"rss_mb"`
+	// Per request of that phase: context switches of all its threads
+	// (voluntary + nonvoluntary, and the voluntary part) and
+	// read/write-family system calls.
+	CtxSwitchesPerReq    float64 `json:"ctx_switches_per_req"`
+	VolCtxSwitchesPerReq float64 `json:"voluntary_ctx_switches_per_req"`
+	SyscallsPerReq       float64 `json:"rw_syscalls_per_req"`
 	// Idle connections: VmRSS before and with them (MiB), and per connection.
 	IdleRSSBeforeMB     float64 `json:"idle_rss_before_mb"`
 	IdleRSSMB           float64 `json:"idle_rss_mb"`
@@ -80,20 +86,21 @@ type ZtunnelCost struct {
 
 // ScenarioResult is one scenario's figures (results.json).
 type ScenarioResult struct {
-	Name             string  `json:"name"`
-	Throughput1      float64 `json:"throughput_gbps_1stream"`
-	Throughput8      float64 `json:"throughput_gbps_8streams"`
-	Latency          Latency `json:"latency_us"`
-	ConnPerS         float64 `json:"conn_per_s"`
-	CPUVCPU          float64 `json:"cpu_vcpu_per_1000rps"`
-	RSSMB            float64 `json:"rss_mb"`
-	BytesPerIdleConn float64 `json:"bytes_per_idle_conn"`
-	LatencyNewConn   Latency `json:"latency_new_conn_us"`
-	LatencyHOL       Latency `json:"latency_hol_us"`
-	HOLBulkGbps      float64 `json:"hol_bulk_gbps"`
-	HOLHBONEConns    int     `json:"hol_hbone_tcp_conns"`
-	HarnessLag       Latency `json:"harness_lag_us"`
-	HarnessLagNew    Latency `json:"harness_lag_new_conn_us"`
+	Name              string  `json:"name"`
+	Throughput1       float64 `json:"throughput_gbps_1stream"`
+	Throughput8       float64 `json:"throughput_gbps_8streams"`
+	Latency           Latency `json:"latency_us"`
+	ConnPerS          float64 `json:"conn_per_s"`
+	CPUVCPU           float64 `json:"cpu_vcpu_per_1000rps"`
+	RSSMB             float64 `json:"rss_mb"`
+	CtxSwitchesPerReq float64 `json:"ctx_switches_per_req"` // worst ztunnel on the path
+	BytesPerIdleConn  float64 `json:"bytes_per_idle_conn"`
+	LatencyNewConn    Latency `json:"latency_new_conn_us"`
+	LatencyHOL        Latency `json:"latency_hol_us"`
+	HOLBulkGbps       float64 `json:"hol_bulk_gbps"`
+	HOLHBONEConns     int     `json:"hol_hbone_tcp_conns"`
+	HarnessLag        Latency `json:"harness_lag_us"`
+	HarnessLagNew     Latency `json:"harness_lag_new_conn_us"`
 	// Plain loops of the same operations, measured just before each
 	// open-loop phase (selfcheck.go), and for direct the reasons its
 	// figures cannot be trusted (for the others: that their ratios rest on
@@ -173,6 +180,11 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99, res.LoopLatency.P50,
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f"))
+		r.progress("[%s] per request at %d rps: context switches %s (voluntary %s); read/write syscalls %s",
+			d.name, r.cfg.rate,
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerReq }, "%.2f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerReq }, "%.2f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerReq }, "%.2f"))
 
 		if res.LoopNewConn, err = p.baselineLoop(ctx, false); err != nil {
 			return fmt.Errorf("loop (new connections): %w", err)
@@ -238,6 +250,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		costs[i].ConnsCounted = counted[costs[i].Node]
 		res.CPUVCPU = math.Max(res.CPUVCPU, costs[i].CPUVCPU)
 		res.RSSMB = math.Max(res.RSSMB, costs[i].RSSMB)
+		res.CtxSwitchesPerReq = math.Max(res.CtxSwitchesPerReq, costs[i].CtxSwitchesPerReq)
 		res.BytesPerIdleConn = math.Max(res.BytesPerIdleConn, costs[i].BytesPerIdleConn)
 	}
 	res.Ztunnels = costs

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -177,6 +179,7 @@ func TestParseFlags(t *testing.T) {
 		{"repeated scenario", []string{"-scenarios", "hbone-same-node,hbone-same-node"}, 0, 0, nil, "twice"},
 		{"duration too short", []string{"-duration", "1ms"}, 0, 0, nil, "-duration"},
 		{"stray argument", []string{"now"}, 0, 0, nil, "unexpected"},
+		{"unknown profile phase", []string{"-profile-phase", "bulk"}, 0, 0, nil, "-profile-phase"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +193,7 @@ func TestParseFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.duration != tc.duration || cfg.idleConns != tc.idle || !slices.Equal(cfg.scenarios, tc.scenarios) {
+			if cfg.duration != tc.duration || cfg.idleConns != tc.idle || !slices.Equal(cfg.scenarios, tc.scenarios) || cfg.profile || cfg.profilePhase != profileHOL {
 				t.Fatalf("got %v %d %v", cfg.duration, cfg.idleConns, cfg.scenarios)
 			}
 		})
@@ -305,7 +308,7 @@ func checkResultsJSON(t *testing.T, b []byte) {
 		t.Fatal(err)
 	}
 	machine, _ := doc["machine"].(map[string]any)
-	for _, k := range []string{"cpu_model", "cores", "kernel", "go_version"} {
+	for _, k := range []string{"cpu_model", "cores", "kernel", "go_version", "busy", "load_start", "harness_lag_start_us"} {
 		if _, ok := machine[k]; !ok {
 			t.Errorf("machine lacks %q", k)
 		}
@@ -408,5 +411,86 @@ func TestFlagImplausible(t *testing.T) {
 	printTable(&b, &Results{Scenarios: rs})
 	if !strings.Contains(b.String(), "! IMPLAUSIBLE direct latency_new_conn_us") {
 		t.Fatalf("table does not flag it:\n%s", b.String())
+	}
+}
+
+func TestParseLoad(t *testing.T) {
+	r, a, err := parseLoadavg("0.52 0.58 0.59 3/345 6789\n")
+	if err != nil || r != 3 || a != 0.52 {
+		t.Fatalf("parseLoadavg: %v %v %v", r, a, err)
+	}
+	if _, _, err := parseLoadavg("0.52 0.58"); err == nil {
+		t.Fatal("short /proc/loadavg must be an error")
+	}
+	busy, total, err := parseCPUStat("cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+	if err != nil || busy != 170 || total != 990 {
+		t.Fatalf("parseCPUStat: busy %d total %d %v", busy, total, err)
+	}
+	if _, _, err := parseCPUStat("intr 1 2 3"); err == nil {
+		t.Fatal("a /proc/stat without the cpu line first must be an error")
+	}
+}
+
+func TestJudgeBusy(t *testing.T) {
+	cores := float64(runtime.NumCPU())
+	calm := LoadSample{Runnable: 0.1}
+	cases := []struct {
+		name      string
+		m         MachineLoad
+		directP99 float64
+		reasons   int
+	}{
+		{"calm", MachineLoad{LoadStart: calm, LagStart: Latency{P99: 100}, LagEnd: Latency{P99: 150}}, 300, 0},
+		{"loaded at start", MachineLoad{LoadStart: LoadSample{Runnable: cores}, LagStart: Latency{P99: 100}}, 300, 1},
+		{"lag at the end beyond direct's p99", MachineLoad{LoadStart: calm, LagEnd: Latency{P99: 5000}}, 300, 1},
+		{"both", MachineLoad{LoadStart: LoadSample{Runnable: cores}, LagStart: Latency{P99: 5000}}, 300, 2},
+		{"no direct: lag not judged", MachineLoad{LoadStart: calm, LagStart: Latency{P99: 5000}}, 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.m.judgeBusy(tc.directP99)
+			if len(tc.m.BusyReasons) != tc.reasons || tc.m.Busy != (tc.reasons > 0) {
+				t.Fatalf("busy %v, reasons %q", tc.m.Busy, tc.m.BusyReasons)
+			}
+		})
+	}
+}
+
+func TestProbeLag(t *testing.T) {
+	l := probeLag(context.Background(), 1000)
+	if l.Count != int(lagProbe/time.Millisecond) || l.P50 <= 0 {
+		t.Fatalf("probeLag: %+v", l)
+	}
+}
+
+func TestParseSwitches(t *testing.T) {
+	v, nv := parseCtxSwitches("Name:\tztunnel\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n")
+	if v != 120 || nv != 7 {
+		t.Fatalf("ctxt switches %d %d", v, nv)
+	}
+	if n := parseIOSyscalls("rchar: 6976\nwchar: 0\nsyscr: 10\nsyscw: 5\nread_bytes: 0\n"); n != 15 {
+		t.Fatalf("syscalls %d", n)
+	}
+	s, err := processSwitches(os.Getpid())
+	if err != nil || s.Voluntary+s.Nonvoluntary <= 0 || s.Syscalls <= 0 {
+		t.Fatalf("own process: %+v, %v", s, err)
+	}
+}
+
+func TestProfilePhaseFlag(t *testing.T) {
+	cfg, err := parseFlagsQuiet([]string{"-profile-phase", profileRPS})
+	if err != nil || !cfg.profile || cfg.profilePhase != profileRPS {
+		t.Fatalf("-profile-phase rps: profile %v phase %q, %v", cfg.profile, cfg.profilePhase, err)
+	}
+	rs := []ScenarioResult{
+		{Name: scDirect},
+		{Name: scCrossNode, ZtunnelsOnPath: true, Throughput1: 3},
+		{Name: scSameNode, ZtunnelsOnPath: true, Throughput1: 1},
+	}
+	if name, _ := profiled(rs, profileRPS); name != scCrossNode {
+		t.Fatalf("rps profiles %s, want the CPU target's scenario", name)
+	}
+	if name, _ := profiled(rs, profileHOL); name != scSameNode {
+		t.Fatalf("hol profiles %s, want the slowest", name)
 	}
 }

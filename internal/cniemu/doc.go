@@ -26,6 +26,14 @@
 //	                     tcp !dst 127.0.0.1, unmarked → REDIRECT 15001
 //	ip rule fwmark 0x111/0xfff pref 32764 lookup 100; local 0.0.0.0/0 dev lo table 100
 //
-// DNS capture (53 → 15053, conntrack zone 1) and IPv6 are options. It reads
-// no environment variables and exports no metrics.
+// DNS capture (RedirectOptions.DNS) adds, as istio-cni with DNS capture on:
+//
+//	raw PREROUTING/OUTPUT: jump to ISTIO_PRERT/ISTIO_OUTPUT
+//	nat ISTIO_OUTPUT: udp dport 53 !out lo, unmarked → REDIRECT 15053;
+//	                  tcp dport 53 !dst 127.0.0.1, unmarked → REDIRECT 15053
+//	raw ISTIO_OUTPUT: udp dport 53 marked → CT zone 1 (ztunnel → resolver)
+//	raw ISTIO_PRERT:  udp sport 53 unmarked → CT zone 1 (its answers)
+//
+// IPv6 is an option too. It reads no environment variables and exports no
+// metrics.
 package cniemu

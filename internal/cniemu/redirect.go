@@ -42,8 +42,10 @@ const (
 
 // RedirectOptions choose the optional parts of istio-cni's rules.
 type RedirectOptions struct {
-	// DNS also captures DNS (UDP and TCP 53 → 15053) with istio's conntrack
-	// zone rules. Off by default: this project's ztunnel has no DNS proxy.
+	// DNS also captures DNS (UDP and TCP 53 → 15053, ztunnel's DNS proxy)
+	// with istio's conntrack zone rules, as istio-cni does when ambient DNS
+	// capture is on (its default). Packets with Mark (ztunnel's forwards to
+	// the real resolver) are left alone.
 	DNS bool
 	// IPv6 installs the same rules with ip6tables.
 	IPv6 bool

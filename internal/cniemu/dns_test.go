@@ -116,4 +116,3 @@ func serveTag(t *testing.T, wg *sync.WaitGroup, ns *nstest.NS, addr, tag string)
 		}
 	})
 }
-

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 
+	"github.com/ztunnel-go/ztunnel/internal/dns"
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
 	"github.com/ztunnel-go/ztunnel/internal/sockopt"
@@ -52,6 +53,18 @@ func (a *app) startDedicated(ctx context.Context) error {
 			return err
 		}
 		l.serve(ln)
+	}
+	// The workload's own resolv.conf search list applies (upstream's
+	// dedicated mode), and its own netns' localhost.
+	if err := a.startDNSResolver(true); err != nil {
+		return err
+	}
+	ds, err := a.startDNS(dns.Client{Namespace: wi.Namespace, Name: wi.Name}, dns.LocalListenFuncs, markedDial(d))
+	if err != nil {
+		return err
+	}
+	if ds != nil {
+		a.stoppers = append(a.stoppers, func(ctx context.Context) { ds.Shutdown(ctx) })
 	}
 	certs := newCertReadiness(a.certs, a.ready.Register("certificates"))
 	certs.track(a.runCtx, p.Identity())

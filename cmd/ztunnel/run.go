@@ -13,6 +13,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/admin"
 	"github.com/ztunnel-go/ztunnel/internal/config"
+	"github.com/ztunnel-go/ztunnel/internal/dns"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/identity/caclient"
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
@@ -33,6 +34,7 @@ type app struct {
 	ready  *admin.Readiness
 
 	metrics *proxy.Metrics
+	dns     *dns.Resolver // nil when ISTIO_META_DNS_CAPTURE is off
 	quitCh  chan struct{}
 	// runCtx ends when shutdown starts; background work started by the
 	// app (cert fetches for readiness) watches it.
@@ -240,8 +242,12 @@ func (a *app) startCerts(ctx context.Context) error {
 		return err
 	}
 	a.certs = m
-	go m.Run(ctx)
-	a.stoppers = append(a.stoppers, func(context.Context) { m.Close() })
+	// Not the signal ctx: the manager must keep serving certificates while
+	// the data path drains (a connection accepted just before SIGTERM still
+	// handshakes); its stopper runs after the data path's.
+	mctx, mcancel := context.WithCancel(context.Background())
+	go m.Run(mctx)
+	a.stoppers = append(a.stoppers, func(context.Context) { mcancel(); m.Close() })
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/ztunnel-go/ztunnel/internal/dns"
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/inpod"
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
@@ -14,6 +15,9 @@ import (
 // startShared runs in-pod mode: the CNI agent hands over each pod's network
 // namespace over ZDS, and a proxy is started inside it.
 func (a *app) startShared(ctx context.Context) error {
+	if err := a.startDNSResolver(false); err != nil {
+		return err
+	}
 	ready := a.ready.Register("inpod snapshot")
 	certs := newCertReadiness(a.certs, a.ready.Register("certificates"))
 	c, err := inpod.New(inpod.Options{
@@ -93,6 +97,17 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 	}
 	s.certs.track(s.ctx, p.Identity())
 	pod := &pod{p: p, pool: pool}
+	// DNS first: once 15001 listens the pod's lookups are captured too.
+	pod.dns, err = a.startDNS(dns.Client{Namespace: info.Namespace, Name: info.Name},
+		dns.ListenFuncs{
+			Listen:       func(network, addr string) (net.Listener, error) { return ns.Listen(network, addr) },
+			ListenPacket: func(network, addr string) (net.PacketConn, error) { return ns.ListenPacket(network, addr) },
+		},
+		func(ctx context.Context, network, addr string) (net.Conn, error) { return ns.Dial(ctx, network, addr, mark) })
+	if err != nil {
+		pod.Drain(ctx)
+		return nil, err
+	}
 	for _, l := range []struct {
 		port  int
 		serve func(net.Listener)
@@ -114,9 +129,18 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 type pod struct {
 	p    *proxy.Proxy
 	pool *hbone.Pool
+	dns  *dns.Server // nil when the DNS proxy is off
 }
 
 func (p *pod) Drain(ctx context.Context) error {
+	dnsDone := make(chan struct{})
+	go func() {
+		defer close(dnsDone)
+		if p.dns != nil {
+			p.dns.Shutdown(ctx) // in parallel: a forward in flight may take its timeout
+		}
+	}()
+	defer func() { <-dnsDone }()
 	err := p.p.Shutdown(ctx)
 	p.pool.Shutdown(ctx)
 	p.pool.Close()

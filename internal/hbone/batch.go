@@ -96,7 +96,7 @@ type batchTLS struct {
 }
 
 func newBatchTLS(raw net.Conn, client bool, cfg *tls.Config) *batchTLS {
-	bc := &batchConn{Conn: raw}
+	bc := &batchConn{Conn: newRawNetConn(raw)}
 	var tc *tls.Conn
 	if client {
 		tc = tls.Client(bc, cfg)
@@ -106,8 +106,11 @@ func newBatchTLS(raw net.Conn, client bool, cfg *tls.Config) *batchTLS {
 	return &batchTLS{Conn: tc, raw: bc}
 }
 
+// batchWrites turns gathering on; benchmarks turn it off to measure it.
+var batchWrites = true
+
 func (c *batchTLS) Write(p []byte) (int, error) {
-	if len(p) < batchMinWrite {
+	if len(p) < batchMinWrite || !batchWrites {
 		return c.Conn.Write(p)
 	}
 	c.raw.begin()

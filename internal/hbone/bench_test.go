@@ -141,8 +141,7 @@ func sinkHandler(ctx context.Context, req *Request) {
 }
 
 // discard hides io.Discard's ReadFrom, which reads in 8 KiB pieces: the
-// proxy reads with its own (growing) buffer, and x/net sends a
-// WINDOW_UPDATE per ≥ 4 KiB consumed, so read size drives its rate.
+// proxy reads with its own (growing) buffer.
 var discard = struct{ io.Writer }{io.Discard}
 
 func sinkTCP(c *net.TCPConn) {
@@ -150,25 +149,29 @@ func sinkTCP(c *net.TCPConn) {
 	binary.Write(c, binary.BigEndian, n)
 }
 
+// tunings are the implementation's switches, to measure what each buys.
 var tunings = []struct {
-	name string
-	t    *h2Tuning
+	name          string
+	direct, batch bool
 }{
-	{"tuned", nil}, // 4 MiB stream, 16 MiB conn window, 64 KiB frames, batched records
-	{"1MiB-frames", &h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: 1 << 20}}, // upstream's frame size
-	{"16KiB-frames", &h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: 16 << 10}},
-	{"no-batch", &h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: maxFrameSize, noBatch: true}},
-	{"xnet-defaults", &h2Tuning{}},                       // x/net's own windows and frame sizes
-	{"xnet-defaults-no-batch", &h2Tuning{noBatch: true}}, // plain x/net over crypto/tls
+	{"tuned", true, true},       // socket fast paths, batched TLS records
+	{"no-direct", false, true},  // plain Read/Write on sockets, every copy through a goroutine
+	{"no-batch", true, false},   // one write syscall per TLS record
+	{"neither", false, false},
+}
+
+// use sets the package switches for one benchmark and restores them.
+func use(b *testing.B, direct, batch bool) {
+	d0, b0 := directIO, batchWrites
+	directIO, batchWrites = direct, batch
+	b.Cleanup(func() { directIO, batchWrites = d0, b0 })
 }
 
 func BenchmarkThroughput(b *testing.B) {
 	for _, tu := range tunings {
 		b.Run("upload/"+tu.name, func(b *testing.B) {
-			e := newEnv(b, sinkHandler, envOpts{
-				pool:   func(o *PoolOptions) { o.tuning = tu.t },
-				server: func(o *ServerOptions) { o.tuning = tu.t },
-			})
+			use(b, tu.direct, tu.batch)
+			e := newEnv(b, sinkHandler, envOpts{})
 			s, err := e.pool.Connect(testCtx(b), e.key, "127.0.0.1:80", nil)
 			if err != nil {
 				b.Fatal(err)
@@ -177,10 +180,8 @@ func BenchmarkThroughput(b *testing.B) {
 			benchUpload(b, s)
 		})
 		b.Run("download/"+tu.name, func(b *testing.B) {
-			e := newEnv(b, sinkHandler, envOpts{
-				pool:   func(o *PoolOptions) { o.tuning = tu.t },
-				server: func(o *ServerOptions) { o.tuning = tu.t },
-			})
+			use(b, tu.direct, tu.batch)
+			e := newEnv(b, sinkHandler, envOpts{})
 			total := int64(b.N) * benchChunk
 			hdr := http.Header{"X-Bench-Download": {strconv.FormatInt(total, 10)}}
 			b.SetBytes(benchChunk)
@@ -246,16 +247,8 @@ func gcTwice() {
 }
 
 // BenchmarkIdleStream reports the memory and goroutines one open, idle
-// stream costs on both ends (client pool and server in one process), per
-// frame-size setting: x/net's client holds a write buffer sized to the
-// peer's max frame (capped at 512 KiB) for the life of each stream.
+// stream costs on both ends (client pool and server in one process).
 func BenchmarkIdleStream(b *testing.B) {
-	for _, tu := range tunings[:3] {
-		b.Run(tu.name, func(b *testing.B) { benchIdleStream(b, tu.t) })
-	}
-}
-
-func benchIdleStream(b *testing.B, tu *h2Tuning) {
 	const n = 500
 	e := newEnv(b, func(ctx context.Context, req *Request) {
 		st, err := req.Accept(nil)
@@ -264,10 +257,7 @@ func benchIdleStream(b *testing.B, tu *h2Tuning) {
 		}
 		defer st.Close()
 		io.Copy(io.Discard, st)
-	}, envOpts{
-		pool:   func(o *PoolOptions) { o.tuning = tu },
-		server: func(o *ServerOptions) { o.tuning = tu },
-	})
+	}, envOpts{})
 	ctx := testCtx(b)
 	for range b.N {
 		gcTwice() // also empties sync.Pools (victim cache included)

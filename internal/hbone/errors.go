@@ -18,6 +18,7 @@ const (
 	ReasonTLSHandshake = "tls_handshake" // handshake failed: no/invalid client cert, plaintext, timeout
 	ReasonTLSVersion   = "tls_version"   // negotiated below TLS 1.3, or ALPN other than h2
 	ReasonConnRejected = "conn_rejected" // ServerOptions.ConnContext returned an error
+	ReasonBadPreface   = "bad_preface"   // not an HTTP/2 client preface after TLS
 
 	// Pool, per new connection (ztunnel_hbone_pool_dials_total{result}).
 	resultOK        = "ok"
@@ -33,8 +34,8 @@ var ErrPoolClosed = errors.New("hbone: pool closed")
 // Close.
 var ErrServerClosed = errors.New("hbone: server closed")
 
-// errUnsupported is returned by the deadline methods of streams: x/net's
-// per-stream deadlines end the stream rather than time out one call.
+// errUnsupported is returned by the deadline methods of streams, which
+// have no per-call timeouts.
 var errUnsupported = fmt.Errorf("hbone: stream deadlines: %w", errors.ErrUnsupported)
 
 // StatusError is returned by Pool.Connect when the server answered the

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/net/http2"
 )
 
 // PoolOptions configure a Pool.
@@ -37,8 +36,6 @@ type PoolOptions struct {
 	Logger *slog.Logger
 	// Registerer may be nil (no metrics).
 	Registerer prometheus.Registerer
-
-	tuning *h2Tuning // benchmarks only; nil is defaultTuning
 }
 
 // maxConnectAttempts bounds how often Connect retries a CONNECT that got no
@@ -56,8 +53,6 @@ type Pool struct {
 	idleTimeout time.Duration
 	log         *slog.Logger
 	metrics     *poolMetrics
-	h2          *http2.Transport
-	batch       bool            // gather TLS records of large writes (batch.go)
 	ctx         context.Context // cancelled by Close: bounds dials
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup // dial goroutines and idle shutdowns
@@ -117,12 +112,6 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
-	tu := tuningOrDefault(opts.tuning)
-	h2, err := newTransport(tu, p.metrics.countError)
-	if err != nil {
-		return nil, err
-	}
-	p.h2, p.batch = h2, !tu.noBatch
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p, nil
 }
@@ -137,7 +126,6 @@ func (p *Pool) Connect(ctx context.Context, key Key, authority string, hdr http.
 	if err := checkClientAuthority(authority); err != nil {
 		return nil, err
 	}
-	hdr = withoutUserAgent(hdr)
 	var err error
 	for range maxConnectAttempts {
 		var c *poolConn
@@ -155,20 +143,6 @@ func (p *Pool) Connect(ctx context.Context, key Key, authority string, hdr http.
 		p.log.Debug("hbone: retrying CONNECT on another connection", "key", key.String(), "error", err)
 	}
 	return nil, err
-}
-
-// withoutUserAgent makes x/net omit its default Go User-Agent (upstream
-// sends none) without modifying the caller's header map.
-func withoutUserAgent(h http.Header) http.Header {
-	if _, ok := h["User-Agent"]; ok {
-		return h
-	}
-	c := make(http.Header, len(h)+1)
-	for k, v := range h {
-		c[k] = v
-	}
-	c["User-Agent"] = nil
-	return c
 }
 
 // reserve returns a connection for key with one stream slot reserved for
@@ -225,16 +199,14 @@ func (p *Pool) reserveLocked(kc *keyConns) *poolConn {
 	for i := 0; i < len(kc.conns); {
 		c := kc.conns[i]
 		if c.streams < c.limit {
-			if c.cc.ReserveNewRequest() {
+			if !c.h.closing() {
 				c.streams++
 				c.stopIdleLocked()
 				p.metrics.streamDelta(1)
 				return c
 			}
-			// Refused: closed, GOAWAY, or at the peer's limit. With none
-			// of our streams on it, the connection is of no use now:
-			// retire it. (cc.State would tell which, but it waits for the
-			// connection's write lock, which a large write can hold.)
+			// Closed or GOAWAY: with none of our streams on it, the
+			// connection is of no use now: retire it.
 			if c.streams == 0 {
 				p.retireLocked(c)
 				continue // kc.conns shifted down
@@ -310,7 +282,7 @@ func (p *Pool) closeLocked(c *poolConn) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		_ = c.cc.Close()
+		c.h.close(nil)
 	}()
 }
 
@@ -360,9 +332,7 @@ func (p *Pool) onIdle(c *poolConn, seq uint64) {
 	// GOAWAY first so the server knows this close is deliberate.
 	ctx, cancel := context.WithTimeout(p.ctx, time.Second)
 	defer cancel()
-	if err := c.cc.Shutdown(ctx); err != nil {
-		_ = c.cc.Close()
-	}
+	_ = c.h.shutdown(ctx)
 }
 
 // Close closes every connection at once, resetting open streams, and
@@ -386,7 +356,7 @@ func (p *Pool) Close() error {
 	p.cancel()
 	for c := range conns {
 		p.metrics.connDelta(-1)
-		_ = c.cc.Close()
+		c.h.close(ErrPoolClosed)
 	}
 	p.wg.Wait()
 	return nil
@@ -410,7 +380,7 @@ func (p *Pool) Shutdown(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	for _, c := range conns {
-		wg.Go(func() { _ = c.cc.Shutdown(ctx) })
+		wg.Go(func() { _ = c.h.shutdown(ctx) })
 	}
 	wg.Wait()
 	err := ctx.Err()

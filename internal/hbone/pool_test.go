@@ -297,7 +297,7 @@ func TestPoolNewConnectionAfterGoAway(t *testing.T) {
 					defer cancel()
 					shutdownErr <- srvA.Shutdown(sctx)
 				}()
-				waitFor(t, "GOAWAY at the client", func() bool { return s1.conn.cc.State().Closing })
+				waitFor(t, "GOAWAY at the client", func() bool { return s1.conn.h.closing() })
 			} else {
 				srvA.Close()
 				if _, err := s1.Read(make([]byte, 1)); err == nil {

@@ -5,26 +5,27 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // poolConn is one pooled HTTP/2 connection.
 type poolConn struct {
 	// Immutable after newConn.
 	key    Key
-	cc     *http2.ClientConn
+	h      *conn
 	tls    *tls.ConnectionState
 	local  net.Addr
 	remote net.Addr
 
 	// peerMax is the peer's MAX_CONCURRENT_STREAMS seen at setup (0 if
-	// unknown); settled is set once limit reflects the peer's SETTINGS.
+	// it set none); settled is set once limit reflects it.
 	peerMax int
 	settled atomic.Bool
 
@@ -50,6 +51,13 @@ func (p *Pool) dialConn(key Key, d *pendingDial) {
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err == nil && p.closed {
+		// Closing runs onClose, which takes mu: not under it.
+		p.mu.Unlock()
+		c.h.close(ErrPoolClosed)
+		p.mu.Lock()
+		c, err = nil, ErrPoolClosed
+	}
 	kc := p.keys[key]
 	if kc != nil {
 		for i, x := range kc.dials {
@@ -58,10 +66,6 @@ func (p *Pool) dialConn(key Key, d *pendingDial) {
 				break
 			}
 		}
-	}
-	if err == nil && p.closed {
-		_ = c.cc.Close()
-		c, err = nil, ErrPoolClosed
 	}
 	if err == nil {
 		if kc == nil {
@@ -108,91 +112,80 @@ func (p *Pool) newConn(key Key) (*poolConn, error) {
 	if err != nil {
 		return fail(ReasonDial, err)
 	}
-	var tc *tls.Conn
-	var h2conn net.Conn
-	if p.batch {
-		bt := newBatchTLS(raw, true, tlsForHBONE(cfg))
-		tc, h2conn = bt.Conn, bt
-	} else {
-		tc = tls.Client(raw, tlsForHBONE(cfg))
-		h2conn = tc
-	}
-	if err := tc.HandshakeContext(ctx); err != nil {
+	tuneSocket(raw)
+	bt := newBatchTLS(raw, true, tlsForHBONE(cfg))
+	if err := bt.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
 		return fail(ReasonTLSHandshake, err)
 	}
-	st := tc.ConnectionState()
+	st := bt.ConnectionState()
 	if st.Version != tls.VersionTLS13 || st.NegotiatedProtocol != http2.NextProtoTLS {
-		_ = tc.Close()
+		_ = raw.Close()
 		return fail(ReasonTLSVersion, fmt.Errorf("negotiated version %#x, ALPN %q; want TLS 1.3, h2", st.Version, st.NegotiatedProtocol))
 	}
-	cc, err := p.h2.NewClientConn(h2conn)
-	if err != nil {
-		_ = tc.Close()
+	c := &poolConn{key: key, tls: &st, local: raw.LocalAddr(), remote: raw.RemoteAddr()}
+	c.h = newConn(bt, connOptions{
+		client:     true,
+		log:        p.log,
+		countError: p.metrics.countError,
+		onClose:    func(*conn) { p.connClosed(c) },
+	})
+	go c.h.readLoop()
+	if err := c.h.startClient(); err != nil {
+		c.h.close(err)
 		return fail(ReasonHTTP2, err)
 	}
-	// Wait for the server's SETTINGS (its PING ack comes after them). This
-	// costs one round trip per new connection and buys three things:
-	//   - x/net sizes a stream's DATA frames from the peer's max frame size
-	//     known when the stream starts; before SETTINGS that is 16 KiB, and
-	//     the first streams of a connection would keep 16 KiB frames (two
-	//     TLS records, two syscalls each) for their whole life;
-	//   - the peer's MAX_CONCURRENT_STREAMS is known before coalesced
-	//     waiters are assigned to the connection;
-	//   - a server that refuses our certificate after a TLS 1.3 handshake
-	//     (it checks after the client is done) fails the dial, not a stream.
-	if err := cc.Ping(ctx); err != nil {
-		_ = cc.Close()
+	// Wait for the server's SETTINGS: one round trip per new connection
+	// that buys three things: streams start with the peer's frame size and
+	// windows; the peer's MAX_CONCURRENT_STREAMS is known before coalesced
+	// waiters are assigned to the connection; and a server that refuses
+	// our certificate after a TLS 1.3 handshake (it checks after the
+	// client is done) fails the dial, not a stream.
+	if err := c.h.waitSettings(ctx.Done()); err != nil {
+		c.h.close(err)
 		var alert tls.AlertError
 		if errors.As(err, &alert) {
 			return fail(ReasonTLSHandshake, err)
 		}
 		return fail(ReasonHTTP2, err)
 	}
-	c := &poolConn{key: key, cc: cc, tls: &st, local: tc.LocalAddr(), remote: tc.RemoteAddr()}
-	if peer := int(cc.State().MaxConcurrentStreams); peer > 0 {
+	c.h.startKeepalive()
+	if peer := c.h.maxConcurrent(); peer > 0 {
 		c.peerMax = peer
-		c.settled.Store(true)
 	}
+	c.settled.Store(true)
 	p.metrics.dial(resultOK)
-	p.log.Debug("hbone: new connection", "key", key.String(), "local", tc.LocalAddr().String(), "peer_max_streams", c.peerMax)
+	p.log.Debug("hbone: new connection", "key", key.String(), "local", c.local.String(), "peer_max_streams", c.peerMax)
 	return c, nil
+}
+
+// connClosed retires c when its HTTP/2 connection ended underneath it.
+func (p *Pool) connClosed(c *poolConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.retireLocked(c)
 }
 
 // open sends the CONNECT on c, whose slot the caller reserved. retry
 // reports whether the request got no answer and may go to another
 // connection.
 func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr http.Header) (s *Stream, retry bool, err error) {
-	pr, pw := io.Pipe()
-	// The request context is the stream's lifetime, not ctx: cancelling it
-	// resets the stream. ctx is linked to it only until the response.
-	reqCtx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodConnect, "", pr)
-	if err != nil {
-		cancel()
-		p.release(c)
-		return nil, false, fmt.Errorf("hbone: CONNECT %s: %w", authority, err)
-	}
-	req.Host = authority
-	req.URL.Host = authority
-	req.Header = hdr
-
-	stop := context.AfterFunc(ctx, cancel)
-	resp, err := c.cc.RoundTrip(req)
-	if !stop() && err == nil {
-		// ctx ended just as the answer came; the stream is already reset.
-		_ = resp.Body.Close()
-		err = ctx.Err()
-	}
-	p.learnLimit(c)
-	if err != nil {
-		_ = pw.CloseWithError(err)
-		cancel()
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			err = ctxErr
+	hs, err := c.h.openStream(connectFields(authority, hdr))
+	if err == nil {
+		select {
+		case <-hs.respc:
+			err = hs.respErr
+		case <-ctx.Done():
+			err = ctx.Err()
+			hs.resetWith(http2.ErrCodeCancel, false, err)
 		}
+		if err != nil {
+			c.h.removeStream(hs)
+		}
+	}
+	if err != nil {
 		retry = ctx.Err() == nil && retryable(err)
-		if st := c.cc.State(); st.Closed || st.Closing {
+		if c.h.closing() {
 			p.mu.Lock()
 			p.retireLocked(c)
 			p.mu.Unlock()
@@ -200,49 +193,57 @@ func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr http
 		p.release(c)
 		return nil, retry, fmt.Errorf("hbone: CONNECT %s via %s: %w", authority, c.key.Addr, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		_ = resp.Body.Close()
-		_ = pw.Close()
-		cancel()
+	if hs.status != http.StatusOK {
+		hs.resetWith(http2.ErrCodeCancel, false, net.ErrClosed)
+		c.h.removeStream(hs)
 		p.release(c)
-		return nil, false, &StatusError{Code: resp.StatusCode}
+		return nil, false, &StatusError{Code: hs.status}
 	}
-	return &Stream{
-		pool:   p,
-		conn:   c,
-		body:   resp.Body,
-		pw:     pw,
-		cancel: cancel,
-		header: resp.Header,
-	}, false, nil
+	return &Stream{h2stream: hs, pool: p, conn: c, header: hs.header}, false, nil
+}
+
+// connectFields are the CONNECT request's header fields: :method and
+// :authority (RFC 9113 §8.5: no :scheme or :path), then hdr in lower
+// case, without hop-by-hop fields and empty values.
+func connectFields(authority string, hdr http.Header) []hpack.HeaderField {
+	f := make([]hpack.HeaderField, 0, 2+len(hdr))
+	f = append(f, hpack.HeaderField{Name: ":method", Value: http.MethodConnect}, hpack.HeaderField{Name: ":authority", Value: authority})
+	return appendHeader(f, hdr)
+}
+
+func appendHeader(f []hpack.HeaderField, hdr http.Header) []hpack.HeaderField {
+	for k, vs := range hdr {
+		name := lowerHeaderName(k)
+		switch name {
+		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host", "te":
+			continue
+		}
+		for _, v := range vs {
+			f = append(f, hpack.HeaderField{Name: name, Value: v})
+		}
+	}
+	return f
+}
+
+// lowerHeaderName lowers the names the proxy sends without allocating.
+func lowerHeaderName(k string) string {
+	switch k {
+	case "Baggage":
+		return HeaderBaggage
+	case "Forwarded":
+		return HeaderForwarded
+	case "Traceparent":
+		return HeaderTraceparent
+	}
+	return strings.ToLower(k)
 }
 
 // retryable reports whether a CONNECT that failed with err before any
 // response may be sent again on another connection. That is every failure
 // but a cancelled context: the connection broke or got GOAWAY, or the
-// server reset the stream (REFUSED_STREAM, or x/net's PROTOCOL_ERROR when
-// a stream raced the peer's lower MAX_CONCURRENT_STREAMS). No payload goes
-// out before the 200, so a retry cannot duplicate data; the attempts are
-// bounded by maxConnectAttempts.
+// server refused the stream. No payload goes out before the 200, so a
+// retry cannot duplicate data; the attempts are bounded by
+// maxConnectAttempts.
 func retryable(err error) bool {
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
-}
-
-// learnLimit caps c's stream limit by the peer's MAX_CONCURRENT_STREAMS
-// once its SETTINGS arrived, and remembers it for the key's next dials.
-func (p *Pool) learnLimit(c *poolConn) {
-	if c.settled.Load() {
-		return
-	}
-	peer := int(c.cc.State().MaxConcurrentStreams)
-	if peer == 0 {
-		return // SETTINGS not seen yet
-	}
-	p.mu.Lock()
-	c.limit = min(p.maxStreams, peer)
-	if kc := p.keys[c.key]; kc != nil {
-		kc.peerMax = peer
-	}
-	p.mu.Unlock()
-	c.settled.Store(true)
 }

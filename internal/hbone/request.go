@@ -8,9 +8,12 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
+	"strconv"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // Request is one CONNECT stream offered to ServerOptions.Handler. The
@@ -32,8 +35,7 @@ type Request struct {
 	LocalAddr netip.AddrPort
 
 	s        *Server
-	w        http.ResponseWriter
-	r        *http.Request
+	st       *h2stream
 	conn     *serverConn
 	answered atomic.Bool
 	stream   *ServerStream // set by Accept, before it returns
@@ -54,17 +56,10 @@ func (r *Request) Accept(hdr http.Header) (*ServerStream, error) {
 	if !r.answered.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("hbone: accept %s: request already answered", r.Authority)
 	}
-	h := r.w.Header()
-	for k, v := range hdr {
-		h[k] = v
-	}
-	r.w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(r.w)
-	// Send the 200 now rather than with the first DATA.
-	if err := rc.Flush(); err != nil {
+	if err := r.respond(http.StatusOK, hdr, false); err != nil {
 		return nil, fmt.Errorf("hbone: accept %s: %w", r.Authority, err)
 	}
-	s := &ServerStream{req: r, w: r.w, rc: rc, body: r.r.Body}
+	s := &ServerStream{h2stream: r.st, req: r}
 	r.stream = s
 	return s, nil
 }
@@ -72,7 +67,7 @@ func (r *Request) Accept(hdr http.Header) (*ServerStream, error) {
 // Reject answers with status code (≥ 300; upstream uses 401 for denied
 // by policy, 503 for upstream dial failures, 400 for bad requests) and
 // counts it under reason. reason becomes a metric label value: use a small
-// fixed set of constants. The response is sent when the Handler returns.
+// fixed set of constants.
 func (r *Request) Reject(code int, reason string) error {
 	if code < 300 || code > 599 {
 		return fmt.Errorf("hbone: reject %s: status %d is not an error", r.Authority, code)
@@ -82,135 +77,94 @@ func (r *Request) Reject(code int, reason string) error {
 	}
 	r.s.metrics.reject(reason)
 	r.s.log.Debug("hbone: request rejected", "authority", r.Authority.String(), "remote", r.RemoteAddr.String(), "status", code, "reason", reason)
-	r.w.WriteHeader(code)
-	return nil
+	return r.respond(code, nil, true)
 }
 
-// finish runs when the Handler returns, before x/net ends the stream.
+// respond sends the response HEADERS; end ends our side with them.
+func (r *Request) respond(code int, hdr http.Header, end bool) error {
+	st := r.st
+	c := st.c
+	c.mu.Lock()
+	if st.wClosed || st.sendErr != nil {
+		err := st.sendErr
+		c.mu.Unlock()
+		if err == nil {
+			err = net.ErrClosed
+		}
+		return err
+	}
+	if end {
+		st.wClosed = true
+	}
+	c.mu.Unlock()
+	f := make([]hpack.HeaderField, 0, 1+len(hdr))
+	f = append(f, hpack.HeaderField{Name: ":status", Value: strconv.Itoa(code)})
+	f = appendHeader(f, hdr)
+	return c.writeControl(false, func() { c.writeHeadersLocked(st.id, end, f) })
+}
+
+// finish runs when the Handler returns: an unanswered request gets 500,
+// and a stream not ended on both sides is ended: END_STREAM for our side,
+// then RST_STREAM NO_ERROR if the client is still sending.
 func (r *Request) finish() {
 	if !r.answered.Load() {
 		_ = r.Reject(http.StatusInternalServerError, ReasonUnanswered)
 	}
 	if r.stream != nil {
-		r.stream.finish()
+		r.stream.closed.Store(true)
 	}
+	st := r.st
+	readEOF, writeClosed, reset := st.state()
+	if !reset {
+		if !writeClosed {
+			_ = st.closeWrite()
+		}
+		if !readEOF {
+			st.resetWith(http2.ErrCodeNo, false, net.ErrClosed)
+		}
+	}
+	st.c.removeStream(st)
+	st.end()
 }
-
-// pastDeadline makes x/net reset the stream at once (RST_STREAM).
-var pastDeadline = time.Unix(1, 0)
 
 // ServerStream is an accepted CONNECT stream, valid until the Handler
-// returns. It implements net.Conn plus CloseWrite, Reset and SetLinger.
-// Read and Write may be called from different goroutines.
+// returns. It implements net.Conn plus CloseWrite, Reset and SetLinger, and
+// io.ReaderFrom/io.WriterTo (CopyFrom, CopyTo). Read and Write may be
+// called from different goroutines.
 type ServerStream struct {
+	*h2stream
 	// Immutable after Accept.
-	req  *Request
-	w    http.ResponseWriter
-	rc   *http.ResponseController
-	body io.ReadCloser
+	req *Request
 
-	readStopped atomic.Bool // we stopped reading (CloseWrite, Close)
-	writeClosed atomic.Bool
-	linger0     atomic.Bool
-	closed      atomic.Bool
-
-	mu       sync.Mutex
-	ops      int           // guarded by mu: Read/Write/... calls in progress
-	finished bool          // guarded by mu: the Handler returned
-	drained  chan struct{} // guarded by mu: closed when ops reaches 0 after finish
+	linger0 atomic.Bool
+	closed  atomic.Bool // Close ran, or the Handler returned
 }
 
-// enter guards w and body against use after the Handler returned, when
-// x/net would panic.
-func (s *ServerStream) enter() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.finished {
-		return false
-	}
-	s.ops++
-	return true
-}
-
-func (s *ServerStream) exit() {
-	s.mu.Lock()
-	s.ops--
-	if s.ops == 0 && s.drained != nil {
-		close(s.drained)
-		s.drained = nil
-	}
-	s.mu.Unlock()
-}
-
-// finish runs on the Handler's goroutine as it returns: a Read or Write
-// still running on another goroutine is unblocked (stream reset) and
-// waited for.
-func (s *ServerStream) finish() {
-	s.mu.Lock()
-	s.finished = true
-	var wait chan struct{}
-	if s.ops > 0 {
-		wait = make(chan struct{})
-		s.drained = wait
-	}
-	s.mu.Unlock()
-	if wait != nil {
-		_ = s.rc.SetWriteDeadline(pastDeadline)
-		_ = s.body.Close()
-		<-wait
-	}
-}
-
-// Read reads bytes the client sent; io.EOF when the client ended its side
-// or after CloseWrite/Close stopped reading.
+// Read reads bytes the client sent; io.EOF when the client ended its side.
 func (s *ServerStream) Read(p []byte) (int, error) {
-	if !s.enter() {
+	if s.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	defer s.exit()
-	if s.readStopped.Load() {
-		return 0, io.EOF
-	}
-	n, err := s.body.Read(p)
-	if err != nil && err != io.EOF && s.readStopped.Load() {
-		err = io.EOF
-	}
-	return n, err
+	return s.read(p)
 }
 
-// Write sends p to the client and flushes it.
+// Write sends p to the client.
 func (s *ServerStream) Write(p []byte) (int, error) {
-	if s.writeClosed.Load() || !s.enter() {
+	if s.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	defer s.exit()
-	n, err := s.w.Write(p)
-	if err == nil {
-		err = s.rc.Flush()
-	}
-	return n, err
+	return s.write(p)
 }
 
-// CloseWrite ends the server → client direction. x/net sends END_STREAM
-// only when the Handler returns, and cannot keep reading after that, so
-// CloseWrite also stops reading: later Reads return io.EOF and the client's
-// remaining bytes are dropped (see the package doc). A client waiting for
-// EOF therefore gets it as soon as the Handler returns.
-func (s *ServerStream) CloseWrite() error {
-	if s.writeClosed.Swap(true) || !s.enter() {
-		return nil
-	}
-	defer s.exit()
-	err := s.rc.Flush()
-	s.stopReading()
-	return err
-}
+// ReadFrom sends what r yields until EOF; see CopyFrom.
+func (s *ServerStream) ReadFrom(r io.Reader) (int64, error) { return s.CopyFrom(r, nil) }
 
-func (s *ServerStream) stopReading() {
-	if !s.readStopped.Swap(true) {
-		_ = s.body.Close()
-	}
-}
+// WriteTo writes what the client sends to w until END_STREAM; see CopyTo.
+func (s *ServerStream) WriteTo(w io.Writer) (int64, error) { return s.CopyTo(w, nil) }
+
+// CloseWrite ends the server → client direction (END_STREAM); the
+// client's bytes can still be read.
+func (s *ServerStream) CloseWrite() error { return s.closeWrite() }
 
 // SetLinger(0) makes the next Close reset the stream, like SetLinger(0)
 // on a TCP socket; other values restore the default.
@@ -225,23 +179,23 @@ func (s *ServerStream) Reset() error {
 	return s.Close()
 }
 
-// Close ends the stream gracefully, as closing a TCP socket sends FIN: it
-// flushes, stops reading, and END_STREAM follows when the Handler returns;
-// the client reads everything written and then EOF. After SetLinger(0) it
-// resets instead (see Reset). Close is safe to call more than once.
+// Close ends the stream gracefully, as closing a TCP socket sends FIN: the
+// client reads everything written and then EOF; if the client was still
+// sending, the stream is then reset with NO_ERROR so it stops. After
+// SetLinger(0) it resets instead (see Reset). Close is safe to call more
+// than once.
 func (s *ServerStream) Close() error {
-	if s.closed.Swap(true) || !s.enter() {
+	if s.closed.Swap(true) {
 		return nil
 	}
-	defer s.exit()
-	s.writeClosed.Store(true)
 	if s.linger0.Load() {
-		_ = s.rc.SetWriteDeadline(pastDeadline)
-		s.stopReading()
+		s.resetWith(http2.ErrCodeCancel, false, net.ErrClosed)
 		return nil
 	}
-	err := s.rc.Flush()
-	s.stopReading()
+	err := s.closeWrite()
+	if readEOF, _, reset := s.state(); !readEOF && !reset {
+		s.resetWith(http2.ErrCodeNo, false, net.ErrClosed)
+	}
 	return err
 }
 
@@ -257,22 +211,12 @@ func (s *ServerStream) ConnectionState() tls.ConnectionState {
 }
 
 // LocalAddr is our end of the HBONE TCP connection.
-func (s *ServerStream) LocalAddr() net.Addr {
-	if s.req.conn == nil {
-		return nil
-	}
-	return s.req.conn.raw.LocalAddr()
-}
+func (s *ServerStream) LocalAddr() net.Addr { return s.req.conn.raw.LocalAddr() }
 
 // RemoteAddr is the client end of the HBONE TCP connection.
-func (s *ServerStream) RemoteAddr() net.Addr {
-	if s.req.conn == nil {
-		return nil
-	}
-	return s.req.conn.raw.RemoteAddr()
-}
+func (s *ServerStream) RemoteAddr() net.Addr { return s.req.conn.raw.RemoteAddr() }
 
-// SetDeadline is not supported: x/net/http2 deadlines end the stream.
+// SetDeadline is not supported: a stream has no per-call timeouts.
 func (s *ServerStream) SetDeadline(time.Time) error { return errUnsupported }
 
 // SetReadDeadline is not supported; see SetDeadline.

@@ -42,8 +42,6 @@ type ServerOptions struct {
 	Logger *slog.Logger
 	// Registerer may be nil (no metrics).
 	Registerer prometheus.Registerer
-
-	tuning *h2Tuning // benchmarks only; nil is defaultTuning
 }
 
 // Server is the HBONE server (inbound 15008).
@@ -54,9 +52,7 @@ type Server struct {
 	connContext func(context.Context, *tls.ConnectionState) (context.Context, error)
 	log         *slog.Logger
 	metrics     *serverMetrics
-	h2          *http2.Server
-	hs          *http.Server // base config of h2; its Shutdown sends GOAWAY
-	batch       bool         // gather TLS records of large writes (batch.go)
+	maxStreams  uint32
 	ctx         context.Context
 	cancel      context.CancelFunc // force-close: cancels every Serve'd conn
 
@@ -70,15 +66,15 @@ type Server struct {
 	idle      chan struct{}             // guarded by mu: closed when shutting with no conns and no handlers
 }
 
-// serverConn is one accepted connection; immutable after addConn.
+// serverConn is one accepted connection.
 type serverConn struct {
+	// Immutable after addConn.
 	raw    net.Conn
 	remote netip.AddrPort
 	local  netip.AddrPort
 	tls    *tls.ConnectionState // set after the handshake, before HTTP/2
+	h      *conn                // guarded by Server.mu: set once HTTP/2 runs
 }
-
-type connInfoKey struct{}
 
 // NewServer returns a Server. Serve or ServeConn it; Shutdown or Close it.
 func NewServer(opts ServerOptions) (*Server, error) {
@@ -100,16 +96,10 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	maxStreams := opts.MaxConcurrentStreams
-	if maxStreams <= 0 {
-		maxStreams = DefaultServerMaxConcurrentStreams
+	s.maxStreams = uint32(opts.MaxConcurrentStreams)
+	if opts.MaxConcurrentStreams <= 0 {
+		s.maxStreams = DefaultServerMaxConcurrentStreams
 	}
-	tu := tuningOrDefault(opts.tuning)
-	h2, hs, err := newH2Server(tu, uint32(maxStreams), s.metrics.countError, s.log)
-	if err != nil {
-		return nil, err
-	}
-	s.h2, s.hs, s.batch = h2, hs, !tu.noBatch
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -224,67 +214,59 @@ func (s *Server) serveConn(ctx context.Context, sc *serverConn) error {
 		_ = sc.raw.Close()
 		return fmt.Errorf("hbone: serve %s: %s: %w", sc.remote, reason, err)
 	}
-	var tc *tls.Conn
-	var h2conn net.Conn
-	if s.batch {
-		bt := newBatchTLS(sc.raw, false, s.tlsConf)
-		tc, h2conn = bt.Conn, bt
-	} else {
-		tc = tls.Server(sc.raw, s.tlsConf)
-		h2conn = tc
-	}
+	tuneSocket(sc.raw)
+	bt := newBatchTLS(sc.raw, false, s.tlsConf)
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
-	err := tc.HandshakeContext(hctx)
+	err := bt.HandshakeContext(hctx)
 	cancel()
 	if err != nil {
 		return reject(ReasonTLSHandshake, err)
 	}
-	st := tc.ConnectionState()
+	st := bt.ConnectionState()
 	sc.tls = &st
 	if st.Version != tls.VersionTLS13 || (st.NegotiatedProtocol != http2.NextProtoTLS && st.NegotiatedProtocol != "") {
 		return reject(ReasonTLSVersion, fmt.Errorf("negotiated version %#x, ALPN %q; want TLS 1.3, h2", st.Version, st.NegotiatedProtocol))
 	}
-	connCtx := context.WithValue(ctx, connInfoKey{}, sc)
+	connCtx := ctx
 	if s.connContext != nil {
 		if connCtx, err = s.connContext(connCtx, &st); err != nil {
 			return reject(ReasonConnRejected, err)
 		}
 	}
 	if s.shutting.Load() {
-		_ = tc.Close()
+		_ = sc.raw.Close()
 		return ErrServerClosed
 	}
 	s.metrics.connDelta(1)
 	defer s.metrics.connDelta(-1)
-	s.h2.ServeConn(&goAwayLateConn{Conn: h2conn, tls: tc, s: s}, &http2.ServeConnOpts{
-		Context:    connCtx,
-		BaseConfig: s.hs,
-		Handler:    h2Handler{s},
+	h := newConn(bt, connOptions{
+		log:        s.log,
+		countError: s.metrics.countError,
+		maxStreams: s.maxStreams,
+		onStream: func(hs *h2stream, mh *http2.MetaHeadersFrame) {
+			s.startStream(connCtx, sc, hs, mh)
+		},
 	})
+	// The preface must come within the handshake timeout too.
+	_ = sc.raw.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	err = h.startServer()
+	_ = sc.raw.SetReadDeadline(time.Time{})
+	if err != nil {
+		h.close(err)
+		return reject(ReasonBadPreface, err)
+	}
+	// A connection that finished its handshake while Shutdown sent its
+	// GOAWAYs gets one now.
+	s.mu.Lock()
+	sc.h = h
+	late := s.shutting.Load()
+	s.mu.Unlock()
+	if late {
+		h.goAway(http2.ErrCodeNo)
+	}
+	h.startKeepalive()
+	h.readLoop()
 	return nil
-}
-
-// goAwayLateConn closes a race: a connection that finished its handshake
-// just as Shutdown broadcast GOAWAY is registered with x/net only after
-// the broadcast. x/net registers before its first Read, so the first Read
-// repeats the broadcast if a shutdown is under way (it is idempotent per
-// connection). It has ConnectionState so x/net still sees TLS.
-type goAwayLateConn struct {
-	net.Conn
-	tls  *tls.Conn
-	s    *Server
-	once sync.Once
-}
-
-func (c *goAwayLateConn) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }
-
-func (c *goAwayLateConn) Read(p []byte) (int, error) {
-	c.once.Do(func() {
-		if c.s.shutting.Load() {
-			_ = c.s.hs.Shutdown(context.Background())
-		}
-	})
-	return c.Conn.Read(p)
 }
 
 // Shutdown stops accepting, sends GOAWAY on every connection and waits for
@@ -310,9 +292,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		for _, ln := range lns {
 			_ = ln.Close()
 		}
-		// Runs x/net's GOAWAY hook on every HTTP/2 connection; returns at
-		// once since hs tracks no connections of its own.
-		_ = s.hs.Shutdown(context.Background())
+		s.mu.Lock()
+		for sc := range s.conns {
+			if sc.h != nil {
+				sc.h.goAway(http2.ErrCodeNo)
+			}
+		}
+		s.mu.Unlock()
 	}
 	select {
 	case <-idle:
@@ -360,58 +346,64 @@ func (s *Server) checkIdleLocked() {
 	}
 }
 
-// h2Handler is the http.Handler given to x/net: it validates the CONNECT
-// and hands it to ServerOptions.Handler.
-type h2Handler struct{ s *Server }
-
-func (h h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s := h.s
+// startStream runs on the connection's reader goroutine for each new
+// stream: it starts the stream's Handler goroutine.
+func (s *Server) startStream(connCtx context.Context, sc *serverConn, hs *h2stream, mh *http2.MetaHeadersFrame) {
 	s.handlers.Add(1)
+	ctx, cancel := context.WithCancel(connCtx)
+	hs.c.mu.Lock()
+	hs.onEnd = cancel
+	ended := hs.ended
+	hs.c.mu.Unlock()
+	if ended {
+		cancel()
+	}
+	go s.serveStream(ctx, cancel, sc, hs, mh)
+}
+
+// serveStream validates the CONNECT and hands it to the Handler.
+func (s *Server) serveStream(ctx context.Context, cancel context.CancelFunc, sc *serverConn, hs *h2stream, mh *http2.MetaHeadersFrame) {
 	defer func() {
+		cancel()
 		if s.handlers.Add(-1) == 0 && s.shutting.Load() {
 			s.mu.Lock()
 			s.checkIdleLocked()
 			s.mu.Unlock()
 		}
 	}()
-	if s.done.Load() || r.Context().Err() != nil {
+	req := &Request{s: s, st: hs, conn: sc, TLS: sc.tls, RemoteAddr: sc.remote, LocalAddr: sc.local}
+	defer req.finish()
+	if s.done.Load() || ctx.Err() != nil {
 		// Started after Shutdown finished, or the stream is already gone.
-		// Answer anyway: x/net would otherwise send an empty 200.
-		w.WriteHeader(http.StatusServiceUnavailable)
+		req.answered.Store(true)
+		req.respond(http.StatusServiceUnavailable, nil, true)
 		return
 	}
 	s.metrics.streamDelta(1)
 	defer s.metrics.streamDelta(-1)
-	// No Date header: upstream sends none and formatting it costs per stream.
-	w.Header()["Date"] = nil
 
-	if r.Method != http.MethodConnect {
-		s.rejectEarly(w, r, http.StatusMethodNotAllowed, ReasonMethodNotAllowed)
+	method, authority := mh.PseudoValue("method"), mh.PseudoValue("authority")
+	if method != http.MethodConnect {
+		s.rejectEarly(req, method, authority, http.StatusMethodNotAllowed, ReasonMethodNotAllowed)
 		return
 	}
-	ap, err := ParseAuthority(r.Host)
+	ap, err := ParseAuthority(authority)
 	if err != nil {
-		s.rejectEarly(w, r, http.StatusBadRequest, ReasonBadAuthority)
+		s.rejectEarly(req, method, authority, http.StatusBadRequest, ReasonBadAuthority)
 		return
 	}
-	req := &Request{
-		Authority: ap,
-		Header:    r.Header,
-		s:         s,
-		w:         w,
-		r:         r,
+	req.Authority = ap
+	req.Header = make(http.Header, len(mh.RegularFields()))
+	for _, f := range mh.RegularFields() {
+		k := http.CanonicalHeaderKey(f.Name)
+		req.Header[k] = append(req.Header[k], f.Value)
 	}
-	// x/net leaves r.TLS nil for CONNECT (it has no :scheme); the
-	// connection's state was kept at the handshake.
-	if sc, ok := r.Context().Value(connInfoKey{}).(*serverConn); ok {
-		req.TLS, req.RemoteAddr, req.LocalAddr, req.conn = sc.tls, sc.remote, sc.local, sc
-	}
-	defer req.finish()
-	s.handler(r.Context(), req)
+	s.handler(ctx, req)
 }
 
-func (s *Server) rejectEarly(w http.ResponseWriter, r *http.Request, code int, reason string) {
+func (s *Server) rejectEarly(req *Request, method, authority string, code int, reason string) {
 	s.metrics.reject(reason)
-	s.log.Debug("hbone: request rejected", "method", r.Method, "authority", r.Host, "remote", r.RemoteAddr, "status", code, "reason", reason)
-	w.WriteHeader(code)
+	s.log.Debug("hbone: request rejected", "method", method, "authority", authority, "remote", req.RemoteAddr.String(), "status", code, "reason", reason)
+	req.answered.Store(true)
+	req.respond(code, nil, true)
 }

@@ -1,74 +1,60 @@
 package hbone
 
 import (
-	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// errStreamReset is what the transport sees when a Stream is closed
-// abortively; it makes x/net reset the stream (RST_STREAM CANCEL).
-var errStreamReset = errors.New("hbone: stream reset")
+	"golang.org/x/net/http2"
+)
 
 // Stream is an established client CONNECT stream: the bytes of one
 // proxied TCP connection. It implements net.Conn plus CloseWrite (END_STREAM,
-// keep reading), Reset and SetLinger. Read and Write may be called from
-// different goroutines; Close must be called once done.
-//
-// Writes go through an io.Pipe to the x/net goroutine that already exists
-// per request; no goroutine is added per stream or per direction.
+// keep reading), Reset and SetLinger, and io.ReaderFrom/io.WriterTo (CopyFrom,
+// CopyTo) for copying without intermediate buffers. Read and Write may be
+// called from different goroutines; Close must be called once done.
 type Stream struct {
+	*h2stream
 	// Immutable after Connect.
 	pool   *Pool
 	conn   *poolConn
-	body   io.ReadCloser  // response body: server → client bytes
-	pw     *io.PipeWriter // request body: client → server bytes
-	cancel context.CancelFunc
 	header http.Header
 
-	readEOF     atomic.Bool
-	writeClosed atomic.Bool
-	linger0     atomic.Bool
-	closed      atomic.Bool
-	closeOnce   sync.Once
+	linger0   atomic.Bool
+	closed    atomic.Bool
+	closeOnce sync.Once
 }
 
 // Read reads bytes the server sent. It returns io.EOF when the server
 // ended its side (END_STREAM) and an error if the stream was reset.
 func (s *Stream) Read(p []byte) (int, error) {
-	n, err := s.body.Read(p)
-	if err != nil {
-		if err == io.EOF {
-			s.readEOF.Store(true)
-		} else if s.closed.Load() {
-			err = net.ErrClosed
-		}
+	if s.closed.Load() {
+		return 0, net.ErrClosed
 	}
-	return n, err
+	return s.read(p)
 }
 
-// Write sends p as DATA. It returns once the transport took all of p,
-// which is flushed to the connection without delay.
+// Write sends p as DATA. It returns once the connection took all of p.
 func (s *Stream) Write(p []byte) (int, error) {
-	n, err := s.pw.Write(p)
-	if err != nil && (s.closed.Load() || s.writeClosed.Load()) {
-		err = net.ErrClosed
+	if s.closed.Load() {
+		return 0, net.ErrClosed
 	}
-	return n, err
+	return s.write(p)
 }
+
+// ReadFrom sends what r yields until EOF; see CopyFrom.
+func (s *Stream) ReadFrom(r io.Reader) (int64, error) { return s.CopyFrom(r, nil) }
+
+// WriteTo writes what the server sends to w until END_STREAM; see CopyTo.
+func (s *Stream) WriteTo(w io.Writer) (int64, error) { return s.CopyTo(w, nil) }
 
 // CloseWrite ends the client → server direction (END_STREAM) while the
 // server's bytes can still be read.
-func (s *Stream) CloseWrite() error {
-	s.writeClosed.Store(true)
-	return s.pw.Close()
-}
+func (s *Stream) CloseWrite() error { return s.closeWrite() }
 
 // SetLinger(0) makes the next Close reset the stream, like SetLinger(0)
 // on a TCP socket; other values restore the default.
@@ -91,16 +77,13 @@ func (s *Stream) Reset() error {
 func (s *Stream) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
-		if s.readEOF.Load() && !s.linger0.Load() {
-			// Both sides end cleanly; x/net finishes the stream itself
-			// once END_STREAM is written. Closing the body or the context
-			// now would reset it instead.
-			_ = s.pw.Close()
+		readEOF, _, _ := s.state()
+		if readEOF && !s.linger0.Load() {
+			_ = s.closeWrite()
 		} else {
-			_ = s.pw.CloseWithError(errStreamReset)
-			_ = s.body.Close()
-			s.cancel()
+			s.resetWith(http2.ErrCodeCancel, false, net.ErrClosed)
 		}
+		s.c.removeStream(s.h2stream)
 		s.pool.release(s.conn)
 	})
 	return nil
@@ -122,8 +105,7 @@ func (s *Stream) LocalAddr() net.Addr { return s.conn.local }
 // RemoteAddr is the peer address of the HBONE TCP connection (its 15008).
 func (s *Stream) RemoteAddr() net.Addr { return s.conn.remote }
 
-// SetDeadline is not supported: x/net/http2 cannot time out one call on a
-// stream without ending the stream.
+// SetDeadline is not supported: a stream has no per-call timeouts.
 func (s *Stream) SetDeadline(time.Time) error { return errUnsupported }
 
 // SetReadDeadline is not supported; see SetDeadline.

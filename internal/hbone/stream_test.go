@@ -85,21 +85,27 @@ func TestHalfClose(t *testing.T) {
 			seen: "hello",
 		},
 		{
-			name: "upstream closes write first, client sees EOF",
+			name: "upstream closes write first, client sees EOF and can still send",
 			upstream: func(c *net.TCPConn, seen chan<- string) {
 				c.Write([]byte("banner"))
 				c.CloseWrite()
-				b, _ := io.ReadAll(c) // ends when the stream stops reading
+				b, _ := io.ReadAll(c) // until the client's END_STREAM
 				seen <- string(b)
 			},
 			client: func(s *Stream) (string, error) {
-				// Read to EOF without closing our side: the server must
-				// end the stream on its own.
+				// Read to EOF without closing our side, then send: the
+				// server side is half-closed, not finished.
 				b, err := io.ReadAll(s)
-				return string(b), err
+				if err != nil {
+					return "", err
+				}
+				if _, err := s.Write([]byte("after EOF")); err != nil {
+					return "", err
+				}
+				return string(b), s.CloseWrite()
 			},
 			want: "banner",
-			seen: "",
+			seen: "after EOF",
 		},
 	}
 	for _, tc := range tests {

@@ -2,13 +2,13 @@ package hbone
 
 import (
 	"crypto/tls"
-	"fmt"
-	"log/slog"
-	"net/http"
+	"net"
 	"slices"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
 )
 
 // HTTP/2 settings. x/net/http2's defaults are chosen for web traffic
@@ -76,89 +76,36 @@ const (
 	DefaultServerMaxConcurrentStreams = 200
 )
 
-// Write buffering: x/net/http2 has no knob for its write buffers (a 4 KiB
-// bufio on both sides); frames larger than that go straight to the TLS
-// connection, so the size that matters is the size of each Write: the
-// proxy's copy buffer (it grows to 256 KiB for bulk) becomes one DATA frame
-// (client) or one handler write (server). crypto/tls then writes every
-// 16 KiB record with its own syscall; batch.go gathers them (measured: 72 →
-// 8 write syscalls per MiB). On the read side x/net sends a WINDOW_UPDATE
-// per ≥ 4 KiB consumed, so large reads by the consumer keep that rate low.
+// notSentLowat bounds the bytes the kernel holds unsent in an HBONE
+// socket (TCP_NOTSENT_LOWAT). Without it a bulk stream fills the socket's
+// send buffer (megabytes with autotuning) and every small frame of another
+// stream waits behind all of it: head-of-line blocking the HTTP/2 layer
+// cannot see. With it, writes wait in user space, where maxPending
+// interleaves streams frame by frame. 128 KiB still keeps a fast link busy.
+const notSentLowat = 128 << 10
 
-// h2Tuning groups the flow-control settings so benchmarks can compare
-// them against x/net's defaults; production always uses defaultTuning.
-type h2Tuning struct {
-	streamWindow int
-	connWindow   int
-	maxFrameSize int
-	noBatch      bool // write TLS records one syscall each (see batch.go)
-}
-
-var defaultTuning = h2Tuning{streamWindow: streamWindow, connWindow: connWindow, maxFrameSize: maxFrameSize}
-
-func tuningOrDefault(t *h2Tuning) h2Tuning {
-	if t == nil {
-		return defaultTuning
+// tuneSocket sets the socket options of an HBONE TCP connection. Failures
+// are ignored: they cost fairness, not correctness.
+func tuneSocket(c net.Conn) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return
 	}
-	return *t
-}
-
-// newTransport builds the client HTTP/2 transport shared by all connections
-// of a Pool. The http.Transport exists only to carry the HTTP2Config: x/net
-// reads window sizes from it and from nowhere else.
-func newTransport(tu h2Tuning, countError func(string)) (*http2.Transport, error) {
-	t1 := &http.Transport{HTTP2: &http.HTTP2Config{
-		MaxReceiveBufferPerConnection: tu.connWindow,
-		MaxReceiveBufferPerStream:     tu.streamWindow,
-		MaxReadFrameSize:              tu.maxFrameSize,
-		SendPingTimeout:               pingInterval,
-		PingTimeout:                   pingTimeout,
-		CountError:                    countError,
-	}}
-	t2, err := http2.ConfigureTransports(t1)
+	rc, err := sc.SyscallConn()
 	if err != nil {
-		return nil, fmt.Errorf("hbone: configure http2 transport: %w", err)
+		return
 	}
-	t2.MaxHeaderListSize = clientMaxHeaderList
-	t2.MaxReadFrameSize = uint32(tu.maxFrameSize)
-	t2.ReadIdleTimeout = pingInterval
-	t2.PingTimeout = pingTimeout
-	t2.CountError = countError
-	// No Accept-Encoding: gzip on CONNECT requests.
-	t2.DisableCompression = true
-	return t2, nil
+	_ = rc.Control(func(fd uintptr) {
+		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, notSentLowat)
+	})
 }
 
-// newH2Server builds the HTTP/2 server and the http.Server that carries its
-// base configuration (header limit, error log, graceful-shutdown hook).
-func newH2Server(tu h2Tuning, maxStreams uint32, countError func(string), log *slog.Logger) (*http2.Server, *http.Server, error) {
-	h2 := &http2.Server{
-		MaxConcurrentStreams:         maxStreams,
-		MaxReadFrameSize:             uint32(tu.maxFrameSize),
-		MaxUploadBufferPerConnection: int32(tu.connWindow),
-		MaxUploadBufferPerStream:     int32(tu.streamWindow),
-		ReadIdleTimeout:              pingInterval,
-		PingTimeout:                  pingTimeout,
-		CountError:                   countError,
-	}
-	hs := &http.Server{
-		MaxHeaderBytes: serverMaxHeaderBytes,
-		// x/net logs through ErrorLog, or the global log package without it.
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
-	// ConfigureServer registers the hook through which hs.Shutdown sends
-	// GOAWAY on every connection served by h2.
-	if err := http2.ConfigureServer(hs, h2); err != nil {
-		return nil, nil, fmt.Errorf("hbone: configure http2 server: %w", err)
-	}
-	return h2, hs, nil
-}
-
-// tlsForHBONE returns cfg, or a clone of it, that offers ALPN "h2" and
-// requires TLS 1.3. It clones only when cfg lacks either, so a caller that
-// caches a correct config pays nothing.
+// tlsForHBONE returns cfg, or a clone of it, that offers ALPN "h2",
+// requires TLS 1.3 and sends full-size records from the first byte. It
+// clones only when cfg lacks any of these, so a caller that caches a
+// correct config pays nothing per connection.
 func tlsForHBONE(cfg *tls.Config) *tls.Config {
-	if cfg.MinVersion >= tls.VersionTLS13 && slices.Contains(cfg.NextProtos, http2.NextProtoTLS) {
+	if cfg.MinVersion >= tls.VersionTLS13 && slices.Contains(cfg.NextProtos, http2.NextProtoTLS) && cfg.DynamicRecordSizingDisabled {
 		return cfg
 	}
 	c := cfg.Clone()
@@ -168,5 +115,8 @@ func tlsForHBONE(cfg *tls.Config) *tls.Config {
 	if !slices.Contains(c.NextProtos, http2.NextProtoTLS) {
 		c.NextProtos = append([]string{http2.NextProtoTLS}, c.NextProtos...)
 	}
+	// crypto/tls starts a connection with small records to cut web page
+	// latency; a tunnel would pay a record (and a syscall) per ~1 KiB.
+	c.DynamicRecordSizingDisabled = true
 	return c
 }

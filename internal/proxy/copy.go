@@ -56,8 +56,24 @@ func pipe(down, up net.Conn, counts *counters) error {
 	return nil
 }
 
+// streamCopier is an HBONE stream (hbone.Stream, hbone.ServerStream): it
+// moves bytes to and from a socket itself, without this package's
+// buffers, and with no goroutine of its own while the connection is idle.
+type streamCopier interface {
+	CopyFrom(src io.Reader, n *atomic.Int64) (int64, error)
+	CopyTo(dst io.Writer, n *atomic.Int64) (int64, error)
+}
+
 // copyDir copies src → dst and half-closes dst at EOF.
 func copyDir(dst, src net.Conn, n *atomic.Int64) error {
+	if s, ok := dst.(streamCopier); ok {
+		_, err := s.CopyFrom(src, n)
+		return finish(dst, err)
+	}
+	if s, ok := src.(streamCopier); ok {
+		_, err := s.CopyTo(dst, n)
+		return finish(dst, err)
+	}
 	var err error
 	if dt, ok := dst.(*net.TCPConn); ok {
 		if st, ok := src.(*net.TCPConn); ok {

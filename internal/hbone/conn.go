@@ -1,0 +1,567 @@
+package hbone
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// conn is one HTTP/2 connection over TLS carrying CONNECT streams, client
+// or server side. It is built on x/net/http2's Framer and hpack, not on
+// http2.Transport/Server: those give every stream a pipe, a frame-sized
+// scratch buffer and a writer goroutine, and hand every write to another
+// goroutine. On a VM a goroutine hand-off that wakes a thread costs tens
+// of µs, more than the syscalls it wraps, so here:
+//
+//   - one reader goroutine per connection reads frames and delivers DATA
+//     straight into the destination socket when it will not block (see
+//     stream.go), so a request crosses no goroutine inside ztunnel;
+//   - writes need no goroutine: the caller that finds the writer free
+//     writes its frame itself, and frames from callers that arrive while
+//     it writes are appended to a pending buffer it writes next (flat
+//     combining), so concurrent streams share TLS records and syscalls;
+//   - an idle stream holds no buffer and, on the proxy's path, at most one
+//     parked goroutine.
+//
+// Lock order: wmu may be taken while holding nothing or mu; mu and a
+// stream's rmu must never be held while waiting for wmu.
+type conn struct {
+	// Immutable after newConn.
+	client     bool
+	bt         *batchTLS
+	br         *bufio.Reader
+	rfr        *http2.Framer // read side; only the reader goroutine uses it
+	log        *slog.Logger
+	countError func(string)
+	// onStream (server) is called on the reader goroutine for each new
+	// stream with its request headers; it must not block.
+	onStream func(*h2stream, *http2.MetaHeadersFrame)
+	// onClose runs once, after the connection closed.
+	onClose    func(*conn)
+	maxStreams uint32        // server: our SETTINGS_MAX_CONCURRENT_STREAMS
+	settingsc  chan struct{} // closed when the peer's first SETTINGS arrived
+	done       chan struct{} // closed when the connection is closed
+	readCount  atomic.Uint64 // frames read: the keepalive's sign of life
+
+	// Writer, guarded by wmu.
+	wmu      sync.Mutex
+	wcond    sync.Cond // L = &wmu: room in wbuf, or a flush ended
+	wbuf     []byte    // frames waiting for the flusher
+	spare    []byte    // the other half of the double buffer
+	flushing bool      // a goroutine is writing to the socket
+	werr     error     // sticky: the connection can no longer write
+	wfr      *http2.Framer
+	henc     *hpack.Encoder
+	hbuf     bytes.Buffer
+	nextID   uint32 // client: the next stream id to open
+
+	// Connection state, guarded by mu.
+	mu           sync.Mutex
+	sendCond     sync.Cond // L = &mu: send window grew, or a stream/conn ended
+	streams      map[uint32]*h2stream
+	sendWin      int64  // what the peer lets us send on the connection
+	recvWin      int64  // what we let the peer send on the connection
+	recvUnacked  int64  // consumed, not yet returned by WINDOW_UPDATE
+	peerInitWin  int64  // peer SETTINGS_INITIAL_WINDOW_SIZE
+	peerMaxFrame int    // peer SETTINGS_MAX_FRAME_SIZE
+	peerStreams  uint32 // peer SETTINGS_MAX_CONCURRENT_STREAMS, 0 = none said
+	gotSettings  bool
+	maxSeenID    uint32 // server: highest stream id the client opened
+	goAwayRecv   bool
+	goAwayID     uint32 // last stream id in the GOAWAY received
+	goAwaySent   bool
+	closed       bool
+	closeErr     error
+	keepalive    *time.Timer
+	lastSeen     uint64 // readCount at the previous keepalive tick
+	idleTicks    int
+}
+
+// Errors a stream or Connect can see from the connection.
+var (
+	errConnClosed    = errors.New("hbone: connection closed")
+	errGoAway        = errors.New("hbone: connection going away")
+	errStreamRefused = errors.New("hbone: stream refused")
+	errTooManyOpen   = errors.New("hbone: peer's concurrent stream limit reached")
+)
+
+// Frame sizes and thresholds of the implementation.
+const (
+	frameHeaderLen = 9
+	// defaultWindow is HTTP/2's initial window before SETTINGS.
+	defaultWindow = 65535
+	// maxPending bounds frames waiting behind a write in progress. A
+	// stream that finds it full waits, so a bulk stream can put at most
+	// about one frame ahead of a small one (head-of-line fairness).
+	maxPending = 64 << 10
+	// readBufSize holds one TLS record, so the framer gets a record per
+	// read.
+	readBufSize = 16<<10 + 64
+)
+
+type connOptions struct {
+	client     bool
+	log        *slog.Logger
+	countError func(string)
+	onStream   func(*h2stream, *http2.MetaHeadersFrame)
+	onClose    func(*conn)
+	maxStreams uint32
+}
+
+// newConn wraps an established TLS connection. The caller sends the
+// preface (startClient or startServer) and then runs readLoop.
+func newConn(bt *batchTLS, o connOptions) *conn {
+	c := &conn{
+		client:       o.client,
+		bt:           bt,
+		br:           bufio.NewReaderSize(bt.Conn, readBufSize),
+		log:          o.log,
+		countError:   o.countError,
+		onStream:     o.onStream,
+		onClose:      o.onClose,
+		maxStreams:   o.maxStreams,
+		settingsc:    make(chan struct{}),
+		done:         make(chan struct{}),
+		streams:      make(map[uint32]*h2stream),
+		sendWin:      defaultWindow,
+		recvWin:      connWindow,
+		peerInitWin:  defaultWindow,
+		peerMaxFrame: 16 << 10,
+		nextID:       1,
+	}
+	if c.countError == nil {
+		c.countError = func(string) {}
+	}
+	c.wcond.L = &c.wmu
+	c.sendCond.L = &c.mu
+	c.rfr = http2.NewFramer(nil, c.br)
+	c.rfr.SetMaxReadFrameSize(maxFrameSize)
+	c.rfr.SetReuseFrames()
+	c.rfr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if c.client {
+		c.rfr.MaxHeaderListSize = clientMaxHeaderList
+	} else {
+		c.rfr.MaxHeaderListSize = serverMaxHeaderBytes
+	}
+	c.wfr = http2.NewFramer(pendingWriter{c}, nil)
+	c.henc = hpack.NewEncoder(&c.hbuf)
+	return c
+}
+
+// pendingWriter appends the control frames the write Framer produces to
+// wbuf; it is used only with wmu held.
+type pendingWriter struct{ c *conn }
+
+func (w pendingWriter) Write(p []byte) (int, error) {
+	w.c.wbuf = append(w.c.wbuf, p...)
+	return len(p), nil
+}
+
+// startClient sends the client preface, our SETTINGS and the connection
+// window, in one write.
+func (c *conn) startClient() error {
+	return c.writeControl(false, func() {
+		c.wbuf = append(c.wbuf, http2.ClientPreface...)
+		c.writeSettingsLocked(
+			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+			http2.Setting{ID: http2.SettingMaxFrameSize, Val: maxFrameSize},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: clientMaxHeaderList},
+		)
+	})
+}
+
+// startServer reads the client preface and sends our SETTINGS.
+func (c *conn) startServer() error {
+	var pre [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(c.br, pre[:]); err != nil {
+		return fmt.Errorf("hbone: read client preface: %w", err)
+	}
+	if string(pre[:]) != http2.ClientPreface {
+		return errors.New("hbone: bad client preface")
+	}
+	return c.writeControl(false, func() {
+		c.writeSettingsLocked(
+			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.maxStreams},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+			http2.Setting{ID: http2.SettingMaxFrameSize, Val: maxFrameSize},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: serverMaxHeaderBytes},
+		)
+	})
+}
+
+func (c *conn) writeSettingsLocked(s ...http2.Setting) {
+	_ = c.wfr.WriteSettings(s...)
+	_ = c.wfr.WriteWindowUpdate(0, connWindow-defaultWindow)
+}
+
+// waitSettings waits for the peer's first SETTINGS frame.
+func (c *conn) waitSettings(timeout <-chan struct{}) error {
+	select {
+	case <-c.settingsc:
+		return nil
+	case <-c.done:
+		return c.err()
+	case <-timeout:
+		return errors.New("hbone: no SETTINGS from peer")
+	}
+}
+
+// err is why the connection closed.
+func (c *conn) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closeErr != nil {
+		return c.closeErr
+	}
+	return errConnClosed
+}
+
+// --- writing ---
+
+// writeFrame sends one complete frame (header and payload in buf). If no
+// write is in progress it is written directly, without a copy; otherwise
+// it is appended for the goroutine writing now.
+func (c *conn) writeFrame(buf []byte) error {
+	c.wmu.Lock()
+	for c.werr == nil && c.flushing && len(c.wbuf) >= maxPending {
+		c.wcond.Wait()
+	}
+	if c.werr != nil {
+		err := c.werr
+		c.wmu.Unlock()
+		return err
+	}
+	if c.flushing {
+		c.wbuf = append(c.wbuf, buf...)
+		c.wmu.Unlock()
+		return nil
+	}
+	c.flushing = true
+	c.wmu.Unlock()
+	_, err := c.bt.Write(buf)
+	c.wmu.Lock()
+	return c.flushLocked(err)
+}
+
+// writeControl appends frames with fill (called with wmu held) and makes
+// sure they are written. From the reader goroutine (async) it never
+// writes itself: a reader blocked on a full socket while its peer does the
+// same would deadlock both, so it starts a goroutine when nobody is
+// writing.
+func (c *conn) writeControl(async bool, fill func()) error {
+	c.wmu.Lock()
+	if c.werr != nil {
+		err := c.werr
+		c.wmu.Unlock()
+		return err
+	}
+	fill()
+	return c.kickLocked(async)
+}
+
+// kickLocked gets what was appended to wbuf written: by the goroutine
+// already writing, by this one, or (async) by a new one. It is called with
+// wmu held and returns with it released.
+func (c *conn) kickLocked(async bool) error {
+	if c.flushing {
+		c.wmu.Unlock()
+		return nil
+	}
+	c.flushing = true
+	if async {
+		c.wmu.Unlock()
+		go func() {
+			c.wmu.Lock()
+			_ = c.flushLocked(nil)
+		}()
+		return nil
+	}
+	return c.flushLocked(nil)
+}
+
+// flushLocked writes wbuf until it stays empty, then ends this
+// goroutine's turn as the writer. It is called with wmu held and
+// flushing set, and returns with wmu released.
+func (c *conn) flushLocked(err error) error {
+	for err == nil && c.werr == nil && len(c.wbuf) > 0 {
+		buf := c.wbuf
+		c.wbuf = c.spare[:0]
+		c.wcond.Broadcast() // room in wbuf again
+		c.wmu.Unlock()
+		_, err = c.bt.Write(buf)
+		c.wmu.Lock()
+		if cap(buf) <= 4*maxPending {
+			c.spare = buf[:0]
+		} else {
+			c.spare = nil // a burst grew it: don't keep it
+		}
+	}
+	if err != nil && c.werr == nil {
+		c.werr = fmt.Errorf("hbone: write: %w", err)
+	}
+	c.flushing = false
+	c.wcond.Broadcast()
+	werr := c.werr
+	c.wmu.Unlock()
+	if err != nil {
+		c.close(werr)
+	}
+	return werr
+}
+
+// writeHeaders encodes fields as a HEADERS frame (and CONTINUATIONs when
+// the block exceeds the peer's frame size). Called with wmu held.
+func (c *conn) writeHeadersLocked(id uint32, endStream bool, fields []hpack.HeaderField) {
+	c.hbuf.Reset()
+	for _, f := range fields {
+		_ = c.henc.WriteField(f)
+	}
+	block := c.hbuf.Bytes()
+	c.mu.Lock()
+	max := c.peerMaxFrame
+	c.mu.Unlock()
+	first := true
+	for first || len(block) > 0 {
+		chunk := block
+		if len(chunk) > max {
+			chunk = chunk[:max]
+		}
+		block = block[len(chunk):]
+		if first {
+			_ = c.wfr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: chunk, EndStream: endStream, EndHeaders: len(block) == 0})
+			first = false
+		} else {
+			_ = c.wfr.WriteContinuation(id, len(block) == 0, chunk)
+		}
+	}
+}
+
+// putDataHeader fills a DATA frame header into b[:9].
+func putDataHeader(b []byte, n int, endStream bool, id uint32) {
+	b[0], b[1], b[2] = byte(n>>16), byte(n>>8), byte(n)
+	b[3] = byte(http2.FrameData)
+	b[4] = 0
+	if endStream {
+		b[4] = byte(http2.FlagDataEndStream)
+	}
+	b[5], b[6], b[7], b[8] = byte(id>>24)&0x7f, byte(id>>16), byte(id>>8), byte(id)
+}
+
+// --- closing ---
+
+// close closes the connection at once: every stream fails with err.
+// Safe to call more than once.
+func (c *conn) close(err error) {
+	if err == nil {
+		err = errConnClosed
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.closeErr = err
+	streams := make([]*h2stream, 0, len(c.streams))
+	for _, s := range c.streams {
+		streams = append(streams, s)
+	}
+	clear(c.streams)
+	if c.keepalive != nil {
+		c.keepalive.Stop()
+	}
+	c.sendCond.Broadcast()
+	c.mu.Unlock()
+
+	c.wmu.Lock()
+	if c.werr == nil {
+		c.werr = err
+	}
+	c.wcond.Broadcast()
+	c.wmu.Unlock()
+
+	_ = c.bt.raw.Conn.Close()
+	close(c.done)
+	for _, s := range streams {
+		s.fail(err)
+	}
+	if c.onClose != nil {
+		c.onClose(c)
+	}
+}
+
+// goAway sends GOAWAY: no new streams. The connection closes when its
+// last stream ends (or at once if it has none). It does not wait for the
+// socket.
+func (c *conn) goAway(code http2.ErrCode) {
+	c.mu.Lock()
+	if c.goAwaySent || c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.goAwaySent = true
+	last := c.maxSeenID
+	idle := len(c.streams) == 0
+	c.mu.Unlock()
+	_ = c.writeControl(true, func() { _ = c.wfr.WriteGoAway(last, code, nil) })
+	if idle {
+		go c.closeGracefully(errGoAway)
+	}
+}
+
+// closeGracefully closes once what was queued has been written, or after
+// flushTimeout if the peer does not read it.
+func (c *conn) closeGracefully(err error) {
+	t := time.AfterFunc(flushTimeout, func() { c.close(err) })
+	defer t.Stop()
+	c.wmu.Lock()
+	for c.flushing && c.werr == nil {
+		c.wcond.Wait()
+	}
+	c.wmu.Unlock()
+	c.close(err)
+}
+
+// flushTimeout bounds how long a closing connection waits to deliver its
+// last frames (GOAWAY, END_STREAM) to a peer that does not read.
+const flushTimeout = time.Second
+
+// shutdown sends GOAWAY and waits for the streams to end; at ctx's end
+// it closes the connection and returns ctx.Err().
+func (c *conn) shutdown(ctx context.Context) error {
+	c.goAway(http2.ErrCodeNo)
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		c.close(errGoAway)
+		return ctx.Err()
+	}
+}
+
+// openStream opens a client stream: it allocates the stream id and queues
+// the CONNECT HEADERS under one lock, so ids reach the wire in order.
+func (c *conn) openStream(fields []hpack.HeaderField) (*h2stream, error) {
+	c.wmu.Lock()
+	if c.werr != nil {
+		err := c.werr
+		c.wmu.Unlock()
+		return nil, err
+	}
+	c.mu.Lock()
+	var err error
+	switch {
+	case c.closed || c.goAwayRecv || c.goAwaySent:
+		err = errGoAway
+	case c.nextID > maxStreamID:
+		c.goAwaySent = true // ids exhausted: retire the connection
+		err = errGoAway
+	case c.peerStreams > 0 && len(c.streams) >= int(c.peerStreams):
+		err = errTooManyOpen
+	}
+	if err != nil {
+		c.mu.Unlock()
+		c.wmu.Unlock()
+		return nil, err
+	}
+	id := c.nextID
+	c.nextID += 2
+	s := newH2Stream(c, id, c.peerInitWin)
+	c.streams[id] = s
+	c.mu.Unlock()
+	c.writeHeadersLocked(id, false, fields)
+	if err := c.kickLocked(false); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// maxStreamID is the largest stream id HTTP/2 allows.
+const maxStreamID = 1<<31 - 1
+
+// closing reports whether the connection takes no new streams.
+func (c *conn) closing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed || c.goAwayRecv || c.goAwaySent
+}
+
+// maxConcurrent is the peer's stream limit, 0 if it set none.
+func (c *conn) maxConcurrent() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(c.peerStreams)
+}
+
+// removeStream forgets a finished stream; a connection that is going
+// away closes with its last stream.
+func (c *conn) removeStream(s *h2stream) {
+	c.mu.Lock()
+	if c.streams[s.id] != s {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.streams, s.id)
+	last := len(c.streams) == 0 && (c.goAwaySent || c.goAwayRecv) && !c.closed
+	c.mu.Unlock()
+	if last {
+		go c.closeGracefully(errGoAway)
+	}
+}
+
+// --- keepalive ---
+
+// startKeepalive pings a connection that has been silent for
+// pingInterval and closes it when it stays silent for pingTimeout
+// (upstream: ping after 10 s, give up after 20 s). A timer, not a
+// goroutine; busy connections only pay for the frame counter.
+func (c *conn) startKeepalive() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.keepalive = time.AfterFunc(pingInterval, c.keepaliveTick)
+	}
+}
+
+func (c *conn) keepaliveTick() {
+	n := c.readCount.Load()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if n != c.lastSeen {
+		c.lastSeen, c.idleTicks = n, 0
+	} else {
+		c.idleTicks++
+	}
+	ticks := c.idleTicks
+	c.keepalive.Reset(pingInterval)
+	c.mu.Unlock()
+	switch {
+	case ticks*int(pingInterval) >= int(pingTimeout):
+		c.countError("ping_timeout")
+		c.close(errors.New("hbone: peer stopped answering PING"))
+	case ticks > 0:
+		var data [8]byte
+		_, _ = rand.Read(data[:])
+		_ = c.writeControl(true, func() { _ = c.wfr.WritePing(false, data) })
+	}
+}
+
+// localAddr and remoteAddr of the TCP connection.
+func (c *conn) localAddr() net.Addr  { return c.bt.LocalAddr() }
+func (c *conn) remoteAddr() net.Addr { return c.bt.RemoteAddr() }

@@ -29,6 +29,9 @@ const (
 	echoPort   = 8080
 	adminPort  = 9090 // the port the DENY policy protects
 	serviceVIP = "10.96.0.10"
+	// outsideName is known only to the stand-in cluster resolver (in the
+	// outside pod), not to the mesh: ztunnel forwards it.
+	outsideName = "web.outside.example"
 )
 
 // Run builds the cluster, runs the paths, prints the table and cleans up.
@@ -51,7 +54,8 @@ func Run(ctx context.Context, opts Options) error {
 			{Node: 2, Name: "echo-b", ServiceAccount: "echo", Mesh: true, WorkloadYAML: services},
 			{Node: 2, Name: "outside"},
 		},
-		ExtraConfig: extraConfig,
+		ExtraConfig:    extraConfig,
+		DNSResolverPod: "outside",
 	})
 	if m != nil {
 		defer func() {
@@ -69,6 +73,12 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		defer stop()
 	}
+	outside := m.Pods["outside"]
+	stopResolver, err := ServeResolver(outside.Pod, map[string]netip.Addr{outsideName: outside.IP})
+	if err != nil {
+		return err
+	}
+	defer stopResolver()
 	fmt.Fprintln(out, "both ztunnels ready; sending traffic from client (node1)")
 
 	results := runPaths(ctx, m.Pods)

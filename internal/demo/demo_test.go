@@ -34,8 +34,8 @@ func TestDemoTwice(t *testing.T) {
 			t.Fatalf("run %d: %v\n%s", run, err, out.String())
 		}
 		report := out.String()
-		if strings.Count(report, "[PASS]") != 5 || strings.Contains(report, "[FAIL]") {
-			t.Fatalf("run %d: want 5 passing paths:\n%s", run, report)
+		if strings.Count(report, "[PASS]") != 7 || strings.Contains(report, "[FAIL]") {
+			t.Fatalf("run %d: want 7 passing paths:\n%s", run, report)
 		}
 		entries, _ := os.ReadDir("/var/run/netns")
 		for _, e := range entries {

@@ -11,6 +11,11 @@
 // 10.96.0.10, one DENY policy) and sign with one built-in CA loaded from
 // plug-in files (LOCAL_CA_DIR), so the two nodes trust each other.
 //
+// The outside pod also plays the cluster's DNS server (port 53, knowing
+// only web.outside.example); both ztunnels forward to it, and every mesh
+// pod's DNS capture rules hand its lookups to its ztunnel's DNS proxy, which
+// answers mesh hostnames (the short name "echo" → the VIP) itself.
+//
 // The demo prints a table of path / result / latency / bytes and exits 0
 // only when every path gave its expected result. Everything it created
 // (namespaces, veths, iptables rules inside them, sockets, temp files) is

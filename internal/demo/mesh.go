@@ -62,6 +62,10 @@ type MeshOptions struct {
 	// Dir holds config, CA, sockets and logs; empty: a new temp dir that
 	// Close removes.
 	Dir string
+	// DNSResolverPod names the pod whose IP:53 every ztunnel forwards names
+	// outside the mesh to (the resolv.conf they read). Empty: a resolv.conf
+	// without servers, so no query ever leaves the cluster.
+	DNSResolverPod string
 }
 
 // MeshPodSpec is one pod of a Mesh.
@@ -163,6 +167,17 @@ func NewMesh(ctx context.Context, opts MeshOptions) (_ *Mesh, err error) {
 	if err := os.WriteFile(m.configPath(), []byte(m.localConfig()), 0o600); err != nil {
 		return nil, fmt.Errorf("demo: mesh: write config: %w", err)
 	}
+	resolv := "# no resolvers: names outside the mesh get SERVFAIL\n"
+	if name := opts.DNSResolverPod; name != "" {
+		p, ok := m.Pods[name]
+		if !ok {
+			return nil, fmt.Errorf("demo: mesh: DNSResolverPod %q is not a pod", name)
+		}
+		resolv = "nameserver " + p.IP.String() + "\n"
+	}
+	if err := os.WriteFile(m.resolvConfPath(), []byte(resolv), 0o600); err != nil {
+		return nil, fmt.Errorf("demo: mesh: write resolv.conf: %w", err)
+	}
 
 	for _, n := range m.Nodes {
 		dir := filepath.Join(m.Dir, fmt.Sprintf("node%d", n.Index))
@@ -202,6 +217,8 @@ func NewMesh(ctx context.Context, opts MeshOptions) (_ *Mesh, err error) {
 
 func (m *Mesh) configPath() string { return filepath.Join(m.Dir, "mesh.yaml") }
 
+func (m *Mesh) resolvConfPath() string { return filepath.Join(m.Dir, "resolv.conf") }
+
 func (m *Mesh) addCleanup(fn func()) {
 	m.mu.Lock()
 	m.cleanups = append(m.cleanups, fn)
@@ -229,7 +246,9 @@ func (m *Mesh) Close() {
 }
 
 func (m *Mesh) enroll(ctx context.Context, p *MeshPod) error {
-	if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{}); err != nil {
+	// DNS capture on, as istio-cni's ambient default: the pod's port-53
+	// traffic goes to its ztunnel's DNS proxy.
+	if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{DNS: true}); err != nil {
 		return err
 	}
 	f, err := os.Open(p.Path())
@@ -284,6 +303,7 @@ func (n *MeshNode) start() error {
 		"LOCAL_XDS_PATH=" + n.mesh.configPath(),
 		"FAKE_CA=true",
 		"LOCAL_CA_DIR=" + filepath.Join(n.mesh.Dir, "cacerts"),
+		"DNS_RESOLV_CONF=" + n.mesh.resolvConfPath(),
 		"XDS_ADDRESS=",
 		"INPOD_UDS=" + n.CNI.Path(),
 		fmt.Sprintf("NODE_NAME=node%d", n.Index),

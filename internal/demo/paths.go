@@ -52,7 +52,31 @@ func runPaths(ctx context.Context, pods map[string]*MeshPod) []result {
 	for i := range paths {
 		send(ctx, client, &paths[i])
 	}
+	// The client's nameserver is the stand-in resolver in the outside pod;
+	// its DNS capture rules hand every query to node1's ztunnel instead.
+	resolver := netip.AddrPortFrom(pods["outside"].IP, 53).String()
+	paths = append(paths,
+		dnsPath(ctx, client, resolver, "DNS (mesh hostname → VIP)", "echo", 80, "echo-a", "echo-b"),
+		dnsPath(ctx, client, resolver, "DNS (other name, forwarded)", outsideName, echoPort, "outside"),
+	)
 	return paths
+}
+
+// dnsPath resolves name (short, as an app would) from the client pod, then
+// connects to what it resolved to on port.
+func dnsPath(ctx context.Context, client *MeshPod, resolver, path, name string, port int, wantFrom ...string) result {
+	r := result{path: path, dst: name, expect: "allowed", wantAllowed: true, wantFrom: wantFrom}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ip, err := resolveA(lctx, client.Pod, resolver, name)
+	if err != nil {
+		r.got = "refused: " + err.Error()
+		return r
+	}
+	r.dst = netip.AddrPortFrom(ip, uint16(port)).String()
+	send(ctx, client, &r)
+	r.dst = name + " → " + r.dst
+	return r
 }
 
 // send makes one request from the client pod; the client dials the real

@@ -103,7 +103,9 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 			Listen:       func(network, addr string) (net.Listener, error) { return ns.Listen(network, addr) },
 			ListenPacket: func(network, addr string) (net.PacketConn, error) { return ns.ListenPacket(network, addr) },
 		},
-		func(ctx context.Context, network, addr string) (net.Conn, error) { return ns.Dial(ctx, network, addr, mark) })
+		func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return ns.Dial(ctx, network, addr, mark)
+		})
 	if err != nil {
 		pod.Drain(ctx)
 		return nil, err

@@ -154,9 +154,9 @@ var tunings = []struct {
 	name          string
 	direct, batch bool
 }{
-	{"tuned", true, true},       // socket fast paths, batched TLS records
-	{"no-direct", false, true},  // plain Read/Write on sockets, every copy through a goroutine
-	{"no-batch", true, false},   // one write syscall per TLS record
+	{"tuned", true, true},      // socket fast paths, batched TLS records
+	{"no-direct", false, true}, // plain Read/Write on sockets, every copy through a goroutine
+	{"no-batch", true, false},  // one write syscall per TLS record
 	{"neither", false, false},
 }
 

@@ -69,65 +69,97 @@ func rawConn(c any) syscall.RawConn {
 	return rc
 }
 
-// readRaw reads into p, waiting for readability through the poller.
-func readRaw(rc syscall.RawConn, p []byte) (int, error) {
-	var n int
-	var errno syscall.Errno
-	err := rc.Read(func(fd uintptr) bool {
-		n, errno = rawRead(fd, p)
-		return errno != syscall.EAGAIN
-	})
+// rawIO reads and writes one descriptor through the poller without
+// allocating: the callbacks handed to syscall.RawConn are bound once, and
+// their arguments and results travel in the struct, because a closure
+// capturing locals would escape to the heap on every call. Reads and
+// writes may run concurrently with each other, but not with themselves.
+type rawIO struct {
+	rc syscall.RawConn
+
+	rbuf   []byte
+	rn     int
+	rerrno syscall.Errno
+	readFn func(uintptr) bool
+
+	wbuf    []byte
+	wn      int
+	werrno  syscall.Errno
+	wait    bool // block until all is written; false: stop at EAGAIN
+	writeFn func(uintptr) bool
+}
+
+func newRawIO(rc syscall.RawConn) *rawIO {
+	r := &rawIO{rc: rc}
+	r.readFn = r.doRead
+	r.writeFn = r.doWrite
+	return r
+}
+
+func (r *rawIO) doRead(fd uintptr) bool {
+	r.rn, r.rerrno = rawRead(fd, r.rbuf)
+	return r.rerrno != syscall.EAGAIN
+}
+
+func (r *rawIO) doWrite(fd uintptr) bool {
+	for r.wn < len(r.wbuf) {
+		n, e := rawWrite(fd, r.wbuf[r.wn:])
+		if e == syscall.EAGAIN {
+			return !r.wait
+		}
+		if e != 0 {
+			r.werrno = e
+			return true
+		}
+		r.wn += n
+	}
+	return true
+}
+
+// read reads into p, waiting for readability through the poller.
+func (r *rawIO) read(p []byte) (int, error) {
+	r.rbuf, r.rn, r.rerrno = p, 0, 0
+	err := r.rc.Read(r.readFn)
+	r.rbuf = nil
 	switch {
 	case err != nil:
 		return 0, err
-	case errno != 0:
-		return 0, os.NewSyscallError("read", errno)
-	case n == 0 && len(p) > 0:
+	case r.rerrno != 0:
+		return 0, os.NewSyscallError("read", r.rerrno)
+	case r.rn == 0 && len(p) > 0:
 		return 0, io.EOF
 	}
-	return n, nil
+	return r.rn, nil
 }
 
-// writeRaw writes all of p, waiting for writability through the poller.
-func writeRaw(rc syscall.RawConn, p []byte) (int, error) {
-	written := 0
-	var errno syscall.Errno
-	err := rc.Write(func(fd uintptr) bool {
-		for written < len(p) {
-			n, e := rawWrite(fd, p[written:])
-			if e == syscall.EAGAIN {
-				return false
-			}
-			if e != 0 {
-				errno = e
-				return true
-			}
-			written += n
-		}
-		return true
-	})
-	if err == nil && errno != 0 {
-		err = os.NewSyscallError("write", errno)
+// write writes p; with wait it waits for writability until all is
+// written, without it returns what the socket took at once.
+func (r *rawIO) write(p []byte, wait bool) (int, error) {
+	r.wbuf, r.wn, r.werrno, r.wait = p, 0, 0, wait
+	err := r.rc.Write(r.writeFn)
+	r.wbuf = nil
+	if err == nil && r.werrno != 0 {
+		err = os.NewSyscallError("write", r.werrno)
 	}
-	return written, err
+	return r.wn, err
 }
 
 // rawNetConn is a net.Conn whose Read and Write use the raw paths; it is
 // what crypto/tls reads and writes under an HBONE connection.
 type rawNetConn struct {
 	net.Conn
-	rc syscall.RawConn
+	io *rawIO
 }
 
 func newRawNetConn(c net.Conn) net.Conn {
 	if rc := rawConn(c); rc != nil {
-		return &rawNetConn{Conn: c, rc: rc}
+		return &rawNetConn{Conn: c, io: newRawIO(rc)}
 	}
 	return c
 }
 
 func (c *rawNetConn) Read(p []byte) (int, error) {
-	n, err := readRaw(c.rc, p)
+	n, err := c.io.read(p)
 	if err != nil && err != io.EOF {
 		err = &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
@@ -135,7 +167,7 @@ func (c *rawNetConn) Read(p []byte) (int, error) {
 }
 
 func (c *rawNetConn) Write(p []byte) (int, error) {
-	n, err := writeRaw(c.rc, p)
+	n, err := c.io.write(p, true)
 	if err != nil {
 		err = &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}

@@ -60,10 +60,17 @@ var directIO = true
 // connection holds none. Read sizes start at one TLS record and grow for
 // bulk transfers.
 type source struct {
-	r    io.Reader
-	rc   syscall.RawConn // nil: plain Read
-	size int             // payload to ask for next
-	full int             // consecutive reads that filled the buffer
+	r      io.Reader
+	rc     syscall.RawConn // nil: plain Read
+	size   int             // payload to ask for next
+	full   int             // consecutive reads that filled the buffer
+	readFn func(uintptr) bool
+
+	// The read callback's arguments and results (see rawIO).
+	buf   *[]byte
+	n     int
+	errno syscall.Errno
+	want  int
 }
 
 // fullReadsToGrow: one full read happens to chatty protocols too; several
@@ -71,7 +78,23 @@ type source struct {
 const fullReadsToGrow = 4
 
 func newSource(r io.Reader) *source {
-	return &source{r: r, size: 16 << 10, rc: rawConn(r)}
+	s := &source{r: r, size: 16 << 10, rc: rawConn(r)}
+	s.readFn = s.doRead
+	return s
+}
+
+// doRead takes a buffer only once the socket has bytes for it.
+func (s *source) doRead(fd uintptr) bool {
+	if s.buf == nil {
+		s.buf = getBuf(frameHeaderLen + s.want)
+	}
+	s.n, s.errno = rawRead(fd, (*s.buf)[frameHeaderLen:frameHeaderLen+s.want])
+	if s.errno == syscall.EAGAIN {
+		putBuf(s.buf)
+		s.buf = nil
+		return false // wait for the poller
+	}
+	return true
 }
 
 // read returns a buffer holding n payload bytes at
@@ -83,21 +106,12 @@ func (s *source) read(limit int) (b *[]byte, n int, err error) {
 		b = getBuf(frameHeaderLen + size)
 		n, err = s.r.Read((*b)[frameHeaderLen : frameHeaderLen+size])
 	} else {
-		var errno syscall.Errno
-		err = s.rc.Read(func(fd uintptr) bool {
-			if b == nil {
-				b = getBuf(frameHeaderLen + size)
-			}
-			n, errno = rawRead(fd, (*b)[frameHeaderLen:frameHeaderLen+size])
-			if errno == syscall.EAGAIN {
-				putBuf(b)
-				b = nil
-				return false // wait for the poller
-			}
-			return true
-		})
-		if err == nil && errno != 0 {
-			err = os.NewSyscallError("read", errno)
+		s.want, s.n, s.errno = size, 0, 0
+		err = s.rc.Read(s.readFn)
+		b, n = s.buf, s.n
+		s.buf = nil
+		if err == nil && s.errno != 0 {
+			err = os.NewSyscallError("read", s.errno)
 		}
 		if err == nil && n == 0 {
 			err = io.EOF
@@ -122,12 +136,17 @@ func (s *source) read(limit int) (b *[]byte, n int, err error) {
 type sink struct {
 	w     io.Writer
 	rc    syscall.RawConn // non-nil: the reader goroutine may write directly
+	io    *rawIO          // on rc
 	n     *atomic.Int64   // caller's live counter; may be nil
 	total atomic.Int64
 }
 
 func newSink(w io.Writer, n *atomic.Int64) *sink {
-	return &sink{w: w, n: n, rc: rawConn(w)}
+	k := &sink{w: w, n: n, rc: rawConn(w)}
+	if k.rc != nil {
+		k.io = newRawIO(k.rc)
+	}
+	return k
 }
 
 func (k *sink) count(n int) {
@@ -143,33 +162,16 @@ func (k *sink) count(n int) {
 // tryWrite writes what the socket takes without blocking. A short count
 // with a nil error means the socket is full.
 func (k *sink) tryWrite(p []byte) (int, error) {
-	n := 0
-	var errno syscall.Errno
-	err := k.rc.Write(func(fd uintptr) bool {
-		for n < len(p) {
-			m, e := rawWrite(fd, p[n:])
-			if e != 0 {
-				if e != syscall.EAGAIN {
-					errno = e
-				}
-				break
-			}
-			n += m
-		}
-		return true // never wait: the caller queues the rest
-	})
-	if err == nil && errno != 0 {
-		err = os.NewSyscallError("write", errno)
-	}
+	n, err := k.io.write(p, false)
 	k.count(n)
 	return n, err
 }
 
 // write writes all of p, waiting when the socket is full (the backlog
-// path of CopyTo).
+// path of CopyTo). It never runs concurrently with tryWrite.
 func (k *sink) write(p []byte) (int, error) {
 	if k.rc == nil {
 		return k.w.Write(p)
 	}
-	return writeRaw(k.rc, p)
+	return k.io.write(p, true)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
@@ -33,9 +34,17 @@ type NetnsOptions struct {
 	Mark uint32
 	// ReusePort sets SO_REUSEPORT on listeners (INPOD_PORT_REUSE, upstream
 	// default true) so a new ztunnel can bind a pod's ports while the old one
-	// still drains on them.
+	// still drains on them. With it, the first TCP Listen also sets the
+	// namespace's net.ipv4.tcp_migrate_req to 1 (best effort; Linux 5.14+):
+	// when the draining ztunnel closes its listener, connections already in
+	// that listener's accept queue move to the new ztunnel's listener
+	// instead of being reset (see docs/reliability.md, restart with handoff).
 	ReusePort bool
 }
+
+// migrateReqPath is the per-namespace sysctl; /proc/sys/net resolves to the
+// namespace of the thread that opens it.
+const migrateReqPath = "/proc/sys/net/ipv4/tcp_migrate_req"
 
 // ErrNetnsClosed is returned by a Netns used after Close.
 var ErrNetnsClosed = errors.New("inpod: netns closed")
@@ -50,6 +59,8 @@ type Netns struct {
 
 	mu sync.RWMutex // read-held while an FD is passed to setns; write-held by Close
 	fd int          // guarded by mu; -1 once closed
+
+	migrateOnce sync.Once // tcp_migrate_req set (ReusePort)
 }
 
 // NewNetns takes ownership of fd, checks that it is a network namespace and
@@ -207,11 +218,14 @@ func bestEffort(c sockopt.Control) sockopt.Control {
 
 // Listen opens a stream listener inside n (network "tcp", "tcp4", "tcp6"),
 // with the Netns options applied. Ports ztunnel uses: 15001 outbound, 15006
-// inbound plaintext, 15008 inbound HBONE.
+// inbound plaintext, 15008 inbound HBONE, 15053 DNS (also over UDP).
 func (n *Netns) Listen(network, addr string, opts ...ListenOption) (net.Listener, error) {
 	lc := net.ListenConfig{Control: n.listenControl(opts)}
 	var ln net.Listener
 	err := n.Do(func() (err error) {
+		if n.opts.ReusePort {
+			n.migrateOnce.Do(enableMigrateReq)
+		}
 		ln, err = lc.Listen(context.Background(), network, addr)
 		return err
 	})
@@ -219,6 +233,18 @@ func (n *Netns) Listen(network, addr string, opts ...ListenOption) (net.Listener
 		return nil, fmt.Errorf("inpod: listen %s %s in %s: %w", network, addr, n.id, err)
 	}
 	return ln, nil
+}
+
+// enableMigrateReq sets tcp_migrate_req in the calling thread's namespace.
+// Errors are ignored: older kernels lack the sysctl, and without it a
+// handoff can reset the few connections queued at the moment of close.
+func enableMigrateReq() {
+	f, err := os.OpenFile(migrateReqPath, os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	_, _ = f.WriteString("1")
+	_ = f.Close()
 }
 
 // ListenPacket opens a datagram socket inside n (for the DNS proxy).

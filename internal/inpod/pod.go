@@ -21,8 +21,9 @@ func workloadInfoFrom(p *zdspb.WorkloadInfo) WorkloadInfo {
 // PodServer starts the per-pod proxy. It is implemented by the proxy wiring
 // in cmd/ztunnel.
 type PodServer interface {
-	// StartPod opens the pod's 15001/15006/15008 listeners inside ns (via
-	// its Listen, so they carry the mark and SO_REUSEPORT) and serves them.
+	// StartPod opens the pod's 15001/15006/15008 listeners and, with the
+	// DNS proxy on, UDP and TCP localhost:15053 inside ns (via its Listen and
+	// ListenPacket, so they carry the mark and SO_REUSEPORT) and serves them.
 	// It must return quickly: the agent waits at most 5 s for the Ack, and
 	// ctx carries a deadline below that. ns belongs to the caller, who closes
 	// it after the Pod is drained; the Pod may use it (Dial) until then.

@@ -57,6 +57,7 @@ type config struct {
 	// profileRPS.
 	profilePhase string
 	binary       string // prebuilt ztunnel; empty: build one
+	peer         string // -peer: another ztunnel binary to run the same scenarios with; empty: none
 	idleConns    int
 	rate         int
 	prefix       string // namespace prefix
@@ -90,6 +91,7 @@ func parseFlags(args []string) (config, error) {
 	prof := fs.Bool("profile", false, "write CPU and heap profiles of each ztunnel for the slowest scenario")
 	profPhase := fs.String("profile-phase", profileHOL, "load during -profile: "+profileHOL+" (bulk stream + 1000 rps, slowest scenario) or "+profileRPS+" (1000 rps on reused connections alone, hbone-cross-node: what the CPU target measures); implies -profile")
 	bin := fs.String("ztunnel", "", "use this ztunnel binary instead of building ./cmd/ztunnel")
+	peer := fs.String("peer", "", "also run every scenario with this other ztunnel binary (e.g. upstream's, built with --features testing) and report it beside this tree's")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -100,7 +102,7 @@ func parseFlags(args []string) (config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof || set["profile-phase"], profilePhase: *profPhase,
-		binary: *bin, idleConns: *idle, rate: defaultRate, prefix: "zb"}
+		binary: *bin, peer: *peer, idleConns: *idle, rate: defaultRate, prefix: "zb"}
 	if cfg.profilePhase != profileHOL && cfg.profilePhase != profileRPS {
 		return config{}, fmt.Errorf("-profile-phase %q: want %s or %s", cfg.profilePhase, profileHOL, profileRPS)
 	}
@@ -120,6 +122,11 @@ func parseFlags(args []string) (config, error) {
 		return config{}, fmt.Errorf("-idle-conns %d: want 1..100000", cfg.idleConns)
 	}
 	var err error
+	if cfg.peer != "" {
+		if err := checkPeer(cfg.peer); err != nil {
+			return config{}, err
+		}
+	}
 	if cfg.scenarios, err = parseScenarios(*scen); err != nil {
 		return config{}, err
 	}
@@ -247,7 +254,17 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		if err != nil {
 			return nil, err
 		}
+		sr.Ztunnel = ourLabel
 		res.Scenarios = append(res.Scenarios, sr)
+	}
+	if cfg.peer != "" {
+		ps, pnotes, err := runPeer(ctx, cfg, tmp, cfg.scenarios, progress)
+		if err != nil {
+			return nil, err
+		}
+		res.Peer = peerLabel(cfg.peer) + " (" + cfg.peer + ")"
+		res.PeerScenarios = ps
+		res.Notes = append(res.Notes, pnotes...)
 	}
 	if ml.LoadEnd, err = sampleLoad(ctx); err != nil {
 		return nil, err
@@ -264,6 +281,14 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	res.Notes = append(res.Notes, r.notes...)
 	flagImplausible(res.Scenarios)
 	res.Targets = targets(res.Scenarios)
+	if len(res.PeerScenarios) > 0 {
+		// The peer's ratios use this run's direct, like ours.
+		d, _ := byName(res.Scenarios, scDirect)
+		all := append([]ScenarioResult{d}, res.PeerScenarios...)
+		flagImplausible(all)
+		copy(res.PeerScenarios, all[1:])
+		res.PeerTargets = targets(all)
+	}
 	if cfg.profile {
 		if name, ok := profiled(res.Scenarios, cfg.profilePhase); ok {
 			d, _ := findScenario(name)
@@ -297,7 +322,7 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	for _, why := range ml.BusyReasons {
 		fmt.Fprintf(stdout, "WARNING: machine busy: %s: the figures are worse than this machine's best\n", why)
 	}
-	if cfg.quick && !cfg.profile && time.Since(began)-waited > quickBudget {
+	if cfg.quick && !cfg.profile && cfg.peer == "" && time.Since(began)-waited > quickBudget {
 		log("warning: -quick took %.0fs, over its %v budget", time.Since(began).Seconds(), quickBudget)
 	}
 	return res, nil

@@ -87,13 +87,14 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 	type mem struct {
 		rss       int64
 		heapStack float64
+		goMem     bool
 		fds       int
 	}
 	measure := func() ([]mem, error) {
 		for _, ni := range nodes {
-			if err := gc(ctx, r.node(ni)); err != nil {
+			if err := gc(ctx, r.node(ni)); err != nil && !r.peer {
 				return nil, err
-			}
+			} // a -peer may have no Go heap endpoint: its RSS is then read without a GC first
 		}
 		if err := sleepCtx(ctx, idleSettle); err != nil {
 			return nil, err
@@ -113,7 +114,7 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 			if err != nil {
 				return nil, err
 			}
-			ms[i] = mem{rss, m.heapInuse + m.stack, fds}
+			ms[i] = mem{rss, m.heapInuse + m.stack, m.goMem, fds}
 		}
 		return ms, nil
 	}
@@ -169,7 +170,9 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 		costs[i].IdleRSSBeforeMB = float64(m0[i].rss) / (1 << 20)
 		costs[i].IdleRSSMB = float64(m1[i].rss) / (1 << 20)
 		costs[i].BytesPerIdleConn = float64(m1[i].rss-m0[i].rss) / nc
-		costs[i].HeapStackPerIdleCon = (m1[i].heapStack - m0[i].heapStack) / nc
+		if m0[i].goMem && m1[i].goMem {
+			costs[i].HeapStackPerIdleCon = (m1[i].heapStack - m0[i].heapStack) / nc
+		}
 		costs[i].FDsPerIdleConn = float64(m1[i].fds-m0[i].fds) / nc
 	}
 	return len(conns), nil

@@ -20,8 +20,13 @@ type Results struct {
 	Config    RunConfig        `json:"config"`
 	Scenarios []ScenarioResult `json:"scenarios"`
 	Targets   []Target         `json:"targets"`
-	Profiles  []string         `json:"profiles,omitempty"`
-	Notes     []string         `json:"notes"`
+	// With -peer: the other binary ("label (path)"), its scenarios (direct
+	// is the run's one, in scenarios) and its targets.
+	Peer          string           `json:"peer,omitempty"`
+	PeerScenarios []ScenarioResult `json:"peer_scenarios,omitempty"`
+	PeerTargets   []Target         `json:"peer_targets,omitempty"`
+	Profiles      []string         `json:"profiles,omitempty"`
+	Notes         []string         `json:"notes"`
 }
 
 // Machine describes where the run happened.
@@ -172,22 +177,37 @@ func ratio(v, base float64, format string) string {
 	return s
 }
 
-// printTable writes the results as two tables and the targets.
+// printTable writes the results as two tables and the targets; with
+// -peer, the peer's scenarios follow ours in each table, marked with its
+// name, and its targets follow ours.
 func printTable(w io.Writer, res *Results) {
 	d, _ := byName(res.Scenarios, scDirect)
+	type row struct {
+		label string
+		r     ScenarioResult
+	}
+	var rows []row
+	for _, r := range res.Scenarios {
+		rows = append(rows, row{r.Name, r})
+	}
+	for _, r := range res.PeerScenarios {
+		rows = append(rows, row{r.Name + " [" + r.Ztunnel + "]", r})
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCENARIO\tTPUT 1 STREAM Gbit/s\tTPUT 8 STREAMS Gbit/s\tp50 µs\tp90 µs\tp99 µs\tp999 µs\t")
-	for _, r := range res.Scenarios {
+	for _, x := range rows {
+		r := x.r
 		bang := implausibleMark(r, "latency_us")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Name,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", x.label,
 			ratio(r.Throughput1, d.Throughput1, "%.2f"), ratio(r.Throughput8, d.Throughput8, "%.2f"),
 			ratio(r.Latency.P50, d.Latency.P50, "%.0f")+bang, ratio(r.Latency.P90, d.Latency.P90, "%.0f")+bang,
 			ratio(r.Latency.P99, d.Latency.P99, "%.0f")+bang, ratio(r.Latency.P999, d.Latency.P999, "%.0f")+bang)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "SCENARIO\tNEW-CONN p50/p99 µs\tHOL p50/p99 µs\tCONN/s\tvCPU/ztunnel\tRSS MiB\tB/idle conn\t")
-	for _, r := range res.Scenarios {
+	fmt.Fprintln(tw, "SCENARIO\tNEW-CONN p50/p99 µs\tHOL p50/p99 µs\tCONN/s\tvCPU/ztunnel\tCTXSW/req\tRSS MiB\tB/idle conn\t")
+	for _, x := range rows {
+		r := x.r
 		cost := func(v float64, f string) string {
 			if !r.ZtunnelsOnPath {
 				return "(" + fmt.Sprintf(f, v) + ")" // idle ztunnels, not on the path
@@ -195,21 +215,36 @@ func printTable(w io.Writer, res *Results) {
 			return fmt.Sprintf(f, v)
 		}
 		bang := implausibleMark(r, "latency_new_conn_us")
-		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%s\t%s\t%s\t%s\t\n", r.Name,
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%s\t%s\t%s\t%s\t%s\t\n", x.label,
 			ratio(r.LatencyNewConn.P50, d.LatencyNewConn.P50, "%.0f")+bang, ratio(r.LatencyNewConn.P99, d.LatencyNewConn.P99, "%.0f")+bang,
 			ratio(r.LatencyHOL.P50, d.LatencyHOL.P50, "%.0f"), ratio(r.LatencyHOL.P99, d.LatencyHOL.P99, "%.0f"),
 			ratio(r.ConnPerS, d.ConnPerS, "%.0f"),
-			cost(r.CPUVCPU, "%.4f"), cost(r.RSSMB, "%.1f"), cost(r.BytesPerIdleConn, "%.0f"))
+			cost(r.CPUVCPU, "%.4f"), cost(r.CtxSwitchesPerReq, "%.2f"), cost(r.RSSMB, "%.1f"), cost(r.BytesPerIdleConn, "%.0f"))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels")
+	if res.Peer != "" {
+		fmt.Fprintf(w, "[name] = the -peer binary %s, same topology and load, in a second cluster after ours; same direct\n", res.Peer)
+	}
 	fmt.Fprintf(w, "self-check: direct's new-connection p50 %.0f µs is %.2f × a plain connect/round-trip/close loop's p50 %.0f µs (allowed %.0f ×)\n",
 		d.LatencyNewConn.P50, safeRatio(d.LatencyNewConn.P50, d.LoopNewConn.P50), d.LoopNewConn.P50, plausibleNewConn)
 	for _, why := range d.Implausible {
 		fmt.Fprintf(w, "! IMPLAUSIBLE direct %s\n", why)
 	}
 	fmt.Fprintln(w)
-	for _, t := range res.Targets {
+	printTargets(tw, "target", res.Targets)
+	if len(res.PeerTargets) > 0 {
+		label := "peer target"
+		if len(res.PeerScenarios) > 0 {
+			label = "target [" + res.PeerScenarios[0].Ztunnel + "]"
+		}
+		printTargets(tw, label, res.PeerTargets)
+	}
+	tw.Flush()
+}
+
+func printTargets(tw io.Writer, label string, ts []Target) {
+	for _, t := range ts {
 		mark := "MISSED"
 		if t.Met {
 			mark = "met"
@@ -220,9 +255,8 @@ func printTable(w io.Writer, res *Results) {
 		case t.Note != "":
 			mark += " (" + t.Note + ")"
 		}
-		fmt.Fprintf(tw, "target\t%s\t%.4g %s\t%s %.4g\t%s\t\n", t.Name, t.Value, t.Unit, t.Op, t.Goal, mark)
+		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t%s %.4g\t%s\t\n", label, t.Name, t.Value, t.Unit, t.Op, t.Goal, mark)
 	}
-	tw.Flush()
 }
 
 func writeJSON(dir string, res *Results) (string, error) {

@@ -86,6 +86,8 @@ type ZtunnelCost struct {
 
 // ScenarioResult is one scenario's figures (results.json).
 type ScenarioResult struct {
+	// Ztunnel names the binary measured: ourLabel, or the -peer binary's.
+	Ztunnel           string  `json:"ztunnel"`
 	Name              string  `json:"name"`
 	Throughput1       float64 `json:"throughput_gbps_1stream"`
 	Throughput8       float64 `json:"throughput_gbps_8streams"`
@@ -123,10 +125,15 @@ type runner struct {
 	servers map[string]*podServers
 	log     io.Writer
 	notes   []string // for results.json
+	// tag starts every progress line ("peer NAME: " for -peer).
+	tag string
+	// peer: the ztunnels are another binary (-peer), which may export no Go
+	// runtime metrics and no Go heap profile endpoint.
+	peer bool
 }
 
 func (r *runner) progress(format string, a ...any) {
-	fmt.Fprintf(r.log, "bench: "+format+"\n", a...)
+	fmt.Fprintf(r.log, "bench: "+r.tag+format+"\n", a...)
 }
 
 func (r *runner) node(i int) *demo.MeshNode { return r.mesh.Nodes[i-1] }
@@ -303,6 +310,8 @@ func (r *runner) fresh(ctx context.Context, d scenarioDef, p *path, counted map[
 		counted[n.Index] += delta
 		onPath := slices.Contains(d.onPath, n.Index)
 		switch {
+		case onPath && !after.hasOpened:
+			return fmt.Errorf("node%d ztunnel exports no istio_tcp_connections_opened_total on :15020/metrics: cannot prove the traffic went through it", n.Index)
 		case onPath && delta < made:
 			return fmt.Errorf("node%d ztunnel counted %v connections, the harness made %v: traffic bypassed it", n.Index, delta, made)
 		case !onPath && delta != 0:

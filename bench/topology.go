@@ -46,8 +46,9 @@ var podSysctls = [][2]string{
 	{"net.ipv4.tcp_tw_reuse", "1"},
 }
 
-// buildTopology creates the mesh and starts the servers.
-func buildTopology(ctx context.Context, cfg config, binary, dir string) (*demo.Mesh, map[string]*podServers, error) {
+// buildTopology creates the mesh and starts the servers; extraEnv is
+// added to every ztunnel's environment.
+func buildTopology(ctx context.Context, cfg config, binary, dir string, extraEnv ...string) (*demo.Mesh, map[string]*podServers, error) {
 	m, err := demo.NewMesh(ctx, demo.MeshOptions{
 		Binary: binary,
 		Prefix: cfg.prefix,
@@ -56,7 +57,7 @@ func buildTopology(ctx context.Context, cfg config, binary, dir string) (*demo.M
 		Dir:    dir,
 		// Nothing is open when a scenario restarts the ztunnels, so a short
 		// drain bound only matters if something went wrong.
-		Env: append([]string{"TERMINATION_GRACE_PERIOD_SECONDS=2"}, strings.Fields(os.Getenv("BENCH_ZTUNNEL_ENV"))...),
+		Env: append(append([]string{"TERMINATION_GRACE_PERIOD_SECONDS=2"}, extraEnv...), strings.Fields(os.Getenv("BENCH_ZTUNNEL_ENV"))...),
 	})
 	if err != nil {
 		return nil, nil, err

@@ -180,6 +180,8 @@ func TestParseFlags(t *testing.T) {
 		{"duration too short", []string{"-duration", "1ms"}, 0, 0, nil, "-duration"},
 		{"stray argument", []string{"now"}, 0, 0, nil, "unexpected"},
 		{"unknown profile phase", []string{"-profile-phase", "bulk"}, 0, 0, nil, "-profile-phase"},
+		{"peer that does not exist", []string{"-peer", "/nonexistent/ztunnel"}, 0, 0, nil, "-peer"},
+		{"peer that is a directory", []string{"-peer", "/"}, 0, 0, nil, "not an executable"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,5 +494,36 @@ func TestProfilePhaseFlag(t *testing.T) {
 	}
 	if name, _ := profiled(rs, profileHOL); name != scSameNode {
 		t.Fatalf("hol profiles %s, want the slowest", name)
+	}
+}
+
+func TestPeerLabel(t *testing.T) {
+	cases := []struct{ path, want string }{
+		{"/opt/upstream/ztunnel", "ztunnel"},
+		{"/tmp/peer", "peer"},
+		{"/tmp/ztunnel-go", "peer"}, // would read as ours
+	}
+	for _, tc := range cases {
+		if got := peerLabel(tc.path); got != tc.want {
+			t.Errorf("peerLabel(%q) = %q, want %q", tc.path, got, tc.want)
+		}
+	}
+}
+
+func TestPeerRowsInTable(t *testing.T) {
+	d := ScenarioResult{Name: scDirect, Ztunnel: ourLabel, Latency: Latency{P50: 100}}
+	res := &Results{
+		Scenarios:     []ScenarioResult{d, {Name: scCrossNode, Ztunnel: ourLabel, ZtunnelsOnPath: true}},
+		Peer:          "ztunnel (/opt/ztunnel)",
+		PeerScenarios: []ScenarioResult{{Name: scCrossNode, Ztunnel: "ztunnel", ZtunnelsOnPath: true, Latency: Latency{P50: 300}}},
+	}
+	res.Targets = targets(res.Scenarios)
+	res.PeerTargets = targets(append([]ScenarioResult{d}, res.PeerScenarios...))
+	var b strings.Builder
+	printTable(&b, res)
+	for _, want := range []string{"hbone-cross-node [ztunnel]", "300 (3.00×)", "target [ztunnel]"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -26,12 +26,17 @@ const (
 )
 
 var podSpecs = []demo.MeshPodSpec{
-	{Node: 1, Name: podClient, Mesh: true},
+	{Node: 1, Name: podClient, Mesh: true, WorkloadYAML: noServices},
 	{Node: 1, Name: podPlain},
-	{Node: 1, Name: podLocal, ServiceAccount: "server", Mesh: true},
-	{Node: 2, Name: podRemote, ServiceAccount: "server", Mesh: true},
+	{Node: 1, Name: podLocal, ServiceAccount: "server", Mesh: true, WorkloadYAML: noServices},
+	{Node: 2, Name: podRemote, ServiceAccount: "server", Mesh: true, WorkloadYAML: noServices},
 	{Node: 2, Name: podOutside},
 }
+
+// noServices: upstream ztunnel's local config schema requires a services
+// map in every workload (its LocalWorkload has no default for it), so a
+// -peer built from upstream can read the same file.
+const noServices = "  services: {}\n"
 
 var serverPods = []string{podLocal, podRemote, podOutside}
 

@@ -122,3 +122,28 @@ func TestFailsLoudly(t *testing.T) {
 		t.Fatalf("namespaces left behind: %v", left)
 	}
 }
+
+// TestPeerFailsClearly: a -peer that exits at once (not a ztunnel) fails
+// the run after our scenarios, bounded, with a message naming the peer and
+// what upstream needs, and the peer's cluster is removed too.
+func TestPeerFailsClearly(t *testing.T) {
+	requireRootAndIptables(t)
+	falseBin, err := exec.LookPath("false")
+	if err != nil {
+		t.Skip("no false(1)")
+	}
+	cfg, err := parseFlags([]string{"-duration", "100ms", "-scenarios", scCrossNode, "-idle-conns", "10", "-out", t.TempDir(), "-peer", falseBin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.prefix = "zbq"
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, err = run(ctx, cfg, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "peer false") || !strings.Contains(err.Error(), "FAKE_CA") {
+		t.Fatalf("run with -peer false: got %v, want an error naming the peer and what it needs", err)
+	}
+	if left := append(leftovers("zbq"), leftovers("zbqp")...); len(left) > 0 {
+		t.Fatalf("namespaces left behind: %v", left)
+	}
+}

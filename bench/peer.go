@@ -83,8 +83,8 @@ func runPeer(ctx context.Context, cfg config, tmp string, scenarios []string, pr
 		for _, s := range servers {
 			s.stop()
 		}
-		if err != nil {
-			saveLogs(mesh, filepath.Join(cfg.outDir, "peer"), progress)
+		if dir := filepath.Join(cfg.outDir, "peer"); err != nil && os.MkdirAll(dir, 0o755) == nil {
+			saveLogs(mesh, dir, progress)
 		}
 		mesh.Close()
 	}()

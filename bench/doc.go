@@ -4,6 +4,8 @@
 //	go run ./bench -quick            # whole run in under a minute
 //	go run ./bench -duration 10s     # longer, steadier numbers
 //	go run ./bench -profile          # plus CPU/heap profiles of each ztunnel
+//	go run ./bench -profile-phase rps  # profiles under the CPU target's load
+//	go run ./bench -peer PATH        # the same scenarios with another ztunnel binary too
 //
 // Topology (internal/demo.Mesh, namespaces from internal/nstest): two nodes,
 // each with its own ztunnel process (the real binary, built by the harness)
@@ -22,8 +24,11 @@
 // listening inside the pod namespaces; latency is measured open-loop from
 // precomputed send times (see load.go). Every byte is checked against a
 // pattern and counted; any error, short count or corrupted byte fails the
-// run with a non-zero exit. See bench/README.md for the method and the
-// meaning of each figure.
+// run with a non-zero exit. Each open-loop phase is checked against a plain
+// loop of the same operation (selfcheck.go), and the machine's load and
+// the harness's own timing precision are recorded at the start and end
+// (busy.go). See bench/README.md for the method and the meaning of each
+// figure.
 //
 // The harness reads no environment variables and must run as root.
 package main

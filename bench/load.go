@@ -142,7 +142,8 @@ type openLoopResult struct {
 
 // openLoop sends rate requests/s of msgSize bytes for d, each checked
 // against its echo. reuse: conns persistent connections; otherwise every
-// request dials a new connection (workers goroutines) and closes it.
+// request dials a new connection (at most conns in flight, on sockets a
+// socketFactory makes in the client pod) and closes it.
 func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bool, conns int) (openLoopResult, error) {
 	n := max(1, int(float64(rate)*d.Seconds()))
 	interval := time.Second / time.Duration(rate)

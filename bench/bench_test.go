@@ -74,8 +74,14 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	x := res.Scenarios[1]
-	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 {
+	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 || x.CtxSwitchesPerReq <= 0 {
 		t.Errorf("hbone-cross-node costs: %+v", x.Ztunnels)
+	}
+	if d := res.Scenarios[0]; d.LoopNewConn.Count == 0 || d.LoopLatency.Count == 0 || d.LoopNewConn.P50 <= 0 {
+		t.Errorf("direct's plain loops were not measured: %+v %+v", d.LoopLatency, d.LoopNewConn)
+	}
+	if m := res.Machine; m.LagStart.Count == 0 || m.LagEnd.Count == 0 || m.LoadStart.Window <= 0 || m.LoadEnd.Window <= 0 {
+		t.Errorf("machine load and lag probes missing: %+v", m.MachineLoad)
 	}
 	for _, z := range x.Ztunnels {
 		if z.ConnsCounted < float64(x.Connections) {

@@ -20,7 +20,9 @@
 //     authoritative NOERROR, never NXDOMAIN. TTL 30 s. Other types and
 //     names are forwarded to the upstream resolvers (the node's
 //     /etc/resolv.conf) in order, within a timeout (default 2 s, then
-//     SERVFAIL), over UDP and again over TCP when the answer is truncated.
+//     SERVFAIL) shared equally by the resolvers left, over UDP and again
+//     over TCP when the answer is truncated; a SERVFAIL or REFUSED answer
+//     moves on to the next resolver.
 //   - [Server] (one per pod in shared mode): serves UDP and TCP on the
 //     sockets it is given. Answers over UDP larger than 512 bytes, or than
 //     the client's EDNS size, are truncated with TC so the client retries

@@ -40,7 +40,8 @@ func ReadResolvConf(path string) (ResolvConf, error) {
 
 // forward sends req to the upstream resolvers in order until one answers,
 // within the forward timeout: over UDP, then again over TCP if the UDP
-// answer was truncated. The answer carries req's id. A forward that cannot
+// answer was truncated. SERVFAIL and REFUSED move on to the next resolver;
+// each resolver left gets an equal share of the time left. The answer carries req's id. A forward that cannot
 // start because too many are in flight fails at once (ReasonOverloaded).
 func (r *Resolver) forward(ctx context.Context, dial DialFunc, req *mdns.Msg) (*mdns.Msg, error) {
 	select {
@@ -61,6 +62,7 @@ func (r *Resolver) forward(ctx context.Context, dial DialFunc, req *mdns.Msg) (*
 	up := req.Copy()
 	up.Id = mdns.Id()
 	var errs []error
+	var last *mdns.Msg // a SERVFAIL or REFUSED, kept in case no one does better
 	for i, addr := range ups {
 		// Each resolver left gets an equal share of the time left, so a dead
 		// first resolver does not use up the whole budget.
@@ -71,6 +73,12 @@ func (r *Resolver) forward(ctx context.Context, dial DialFunc, req *mdns.Msg) (*
 			resp, err = exchange(actx, dial, "tcp", addr, up)
 		}
 		acancel()
+		if err == nil && (resp.Rcode == mdns.RcodeServerFailure || resp.Rcode == mdns.RcodeRefused) && i < len(ups)-1 {
+			// This resolver cannot help (down upstream, or not ours to
+			// ask); the next one may, as glibc would try it.
+			last = resp
+			continue
+		}
 		if err == nil {
 			resp.Id = req.Id
 			return resp, nil
@@ -79,6 +87,10 @@ func (r *Resolver) forward(ctx context.Context, dial DialFunc, req *mdns.Msg) (*
 		if ctx.Err() != nil {
 			break
 		}
+	}
+	if last != nil {
+		last.Id = req.Id
+		return last, nil
 	}
 	reason := ReasonForwardError
 	if ctx.Err() != nil || isTimeout(errs) {

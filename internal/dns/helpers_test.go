@@ -152,6 +152,25 @@ func mustRR(t testing.TB, s string) mdns.RR {
 	return rr
 }
 
+// refusingUpstream answers every query REFUSED, over UDP only.
+func refusingUpstream(t testing.TB) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(w mdns.ResponseWriter, r *mdns.Msg) {
+		m := new(mdns.Msg)
+		w.WriteMsg(m.SetRcode(r, mdns.RcodeRefused))
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
 // silentUpstream takes queries on 127.0.0.1 and never answers (UDP read and
 // dropped; TCP accepted and left open).
 func silentUpstream(t testing.TB) string {

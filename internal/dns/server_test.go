@@ -139,6 +139,7 @@ func TestTruncation(t *testing.T) {
 func TestForwardTimeout(t *testing.T) {
 	const timeout = 400 * time.Millisecond
 	silent := silentUpstream(t)
+	refusing := refusingUpstream(t)
 	up := startUpstream(t)
 	for _, tc := range []struct {
 		name      string
@@ -148,6 +149,8 @@ func TestForwardTimeout(t *testing.T) {
 	}{
 		{"only a silent resolver", []string{silent}, mdns.RcodeServerFailure, ReasonForwardTimeout},
 		{"silent, then a working one", []string{silent, up.addr}, mdns.RcodeSuccess, ""},
+		{"refusing, then a working one", []string{refusing, up.addr}, mdns.RcodeSuccess, ""},
+		{"only a refusing one: its answer", []string{refusing}, mdns.RcodeRefused, ""},
 		{"no resolver at all", nil, mdns.RcodeServerFailure, ReasonForwardError},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,12 +246,24 @@ services:
 `, p.IP, dnsVIP)), 0o600)
 	resolvPath := filepath.Join(dir, "resolv.conf")
 	os.WriteFile(resolvPath, []byte("search mesh.svc.cluster.local svc.cluster.local cluster.local\nnameserver "+resolver.IP.String()+"\n"), 0o600)
-	logPath := filepath.Join(dir, "zt.log")
+	logPath := startDedicated(t, p, cfgPath, "DNS_RESOLV_CONF="+resolvPath)
+	checkDNS(t, p.Dial, "127.0.0.1:15053", resolver.IP.String())
+	checkDNSMetrics(t, scrape(t, p.NS))
+	if t.Failed() {
+		t.Logf("ztunnel log:\n%s", readFile(logPath))
+	}
+}
+
+// startDedicated runs ztunnel in dedicated mode for mesh/w inside p and
+// waits until it is ready; it returns the log's path.
+func startDedicated(t *testing.T, p *nstest.Pod, cfgPath string, env ...string) string {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "zt.log")
 	logf, _ := os.Create(logPath)
-	defer logf.Close()
+	t.Cleanup(func() { logf.Close() })
 	cmd := exec.Command(binary)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=mesh/w/w",
-		"LOCAL_XDS_PATH=" + cfgPath, "FAKE_CA=true", "XDS_ADDRESS=", "DNS_RESOLV_CONF=" + resolvPath}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=mesh/w/w",
+		"LOCAL_XDS_PATH=" + cfgPath, "FAKE_CA=true", "XDS_ADDRESS="}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := p.Do(cmd.Start); err != nil {
 		t.Fatal(err)
@@ -259,16 +272,51 @@ services:
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if code, _, _ := nsGet(p.NS, "127.0.0.1:15021", "/healthz/ready"); code == 200 {
-			break
+			return logPath
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("ztunnel not ready\n%s", readFile(logPath))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	checkDNS(t, p.Dial, "127.0.0.1:15053", resolver.IP.String())
-	checkDNSMetrics(t, scrape(t, p.NS))
-	if t.Failed() {
-		t.Logf("ztunnel log:\n%s", readFile(logPath))
+}
+
+// TestDNSSettings: ISTIO_META_DNS_CAPTURE=false leaves 15053 closed;
+// ISTIO_META_DNS_PROXY_ADDR moves the proxy.
+func TestDNSSettings(t *testing.T) {
+	c := nstest.NewTestCluster(t, "zds")
+	n, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(t.TempDir(), "mesh.yaml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf("services:\n- {name: shop, namespace: mesh, hostname: shop.mesh.svc.cluster.local, vips: [\"/%s\"]}\n", dnsVIP)), 0o600)
+	for _, tc := range []struct {
+		name   string
+		env    []string
+		closed string // must refuse TCP
+		open   string // must answer "shop"
+	}{
+		{"capture off", []string{"ISTIO_META_DNS_CAPTURE=false"}, "127.0.0.1:15053", ""},
+		{"moved", []string{"ISTIO_META_DNS_PROXY_ADDR=127.0.0.1:5353"}, "127.0.0.1:15053", "127.0.0.1:5353"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := n.AddPod(strings.ReplaceAll(tc.name, " ", ""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			startDedicated(t, p, cfgPath, append(tc.env, "DNS_RESOLV_CONF=/dev/null")...)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if conn, err := p.Dial(ctx, "tcp", tc.closed); err == nil {
+				conn.Close()
+				t.Errorf("%s accepts connections", tc.closed)
+			}
+			if tc.open != "" {
+				if got := firstA(ask(t, p.Dial, "udp", tc.open, "shop", mdns.TypeA)); got != dnsVIP {
+					t.Errorf("%s answered %q, want %s", tc.open, got, dnsVIP)
+				}
+			}
+		})
 	}
 }

@@ -33,6 +33,7 @@ type app struct {
 	stats  *admin.Stats
 	ready  *admin.Readiness
 
+	trimmer *textTrimmer // drops cold text pages (memory.go)
 	metrics *proxy.Metrics
 	dns     *dns.Resolver // nil when ISTIO_META_DNS_CAPTURE is off
 	quitCh  chan struct{}
@@ -56,6 +57,9 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	setMemoryLimit(environ, a.log)
+	// Start-up is done: drop the code pages only it needed (memory.go).
+	a.trimmer.trim()
 	<-a.quit(ctx)
 	a.log.Info("shutting down", "deadline", cfg.TerminationDeadline)
 	a.shutdown()
@@ -116,10 +120,12 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 
 	a.quitCh = make(chan struct{})
 	a.admin = admin.New(admin.Options{Addr: cfg.AdminAddr, Levels: levels, Quit: func() { close(a.quitCh) }, Logger: levels.Logger("admin"), Registerer: a.reg})
+	a.trimmer = newTextTrimmer(levels.Logger("ztunnel"))
 	a.registerDump()
-	a.stats = admin.NewStats(cfg.StatsAddr, a.reg, levels.Logger("stats"))
+	a.stats = admin.NewStats(cfg.StatsAddr, trimmingGatherer{a.reg, a.trimmer}, levels.Logger("stats"))
 	// Stoppers run newest first: admin goes last, after the data path drained.
 	a.stoppers = append(a.stoppers, func(ctx context.Context) {
+		a.trimmer.stop()
 		a.admin.Shutdown(ctx)
 		a.stats.Shutdown(ctx)
 		a.ready.Shutdown(ctx)
@@ -271,7 +277,10 @@ func (a *app) registerDump() {
 	a.admin.Register("version", func() (any, error) {
 		return map[string]string{"version": buildVersion(), "goVersion": goVersion(), "buildProfile": "release"}, nil
 	})
-	a.admin.Register("config", func() (any, error) { return configDump(a.cfg), nil })
+	a.admin.Register("config", func() (any, error) {
+		a.trimmer.soon() // a dump walks cold code: give its pages back after
+		return configDump(a.cfg), nil
+	})
 }
 
 // configDump is the effective configuration without secrets.

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sys/unix"
+)
+
+// Memory budget of the process.
+//
+// GOMEMLIMIT: when the environment does not set it, ztunnel sets the Go
+// runtime's soft memory limit to 90 % of the container's memory limit
+// (cgroup v2 memory.max, or v1 memory.limit_in_bytes), so the garbage
+// collector works harder as the pod nears its limit instead of the kernel
+// OOM-killing it; the remaining 10 % is for memory the Go runtime does not
+// count (kernel socket buffers are charged to the cgroup too, thread
+// stacks). Without a container limit nothing is set.
+//
+// Text pages: a Go binary's read-only segments (code, type data, the
+// function tables) are file-backed and count in RSS once touched. Start-up
+// touches most of them (protobuf descriptor registration of the xDS and CA
+// APIs, flag and config parsing, TLS setup), and they then stay mapped for
+// the life of the process although the data path uses a small part. Once
+// start-up is done, trimText drops the process's mappings of those pages;
+// what the running proxy needs faults back in from the page cache on
+// first use (a minor fault, no I/O), so RSS afterwards is the working set.
+// It never touches writable or anonymous memory.
+
+// Trimming runs once start-up is done, shortly after the cold paths that
+// touch many pages (a metrics scrape, a config dump: trimDelay after the
+// last one), and every trimEvery for everything else (profiles, xDS pushes).
+// A trim costs the running proxy a few hundred minor faults to map its
+// working set again: well under a millisecond of CPU.
+const (
+	trimDelay = time.Second
+	trimEvery = time.Minute
+)
+
+// textTrimmer schedules trimText.
+type textTrimmer struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	soonT   *time.Timer // guarded by mu: pending trimDelay trim
+	everyT  *time.Timer // guarded by mu: the periodic trim
+	stopped bool        // guarded by mu
+}
+
+func newTextTrimmer(log *slog.Logger) *textTrimmer {
+	t := &textTrimmer{log: log}
+	t.mu.Lock()
+	t.everyT = time.AfterFunc(trimEvery, t.periodic)
+	t.mu.Unlock()
+	return t
+}
+
+// soon trims trimDelay from now unless a trim is already pending.
+func (t *textTrimmer) soon() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.soonT == nil && !t.stopped {
+		t.soonT = time.AfterFunc(trimDelay, func() {
+			t.mu.Lock()
+			t.soonT = nil
+			t.mu.Unlock()
+			t.trim()
+		})
+	}
+}
+
+func (t *textTrimmer) periodic() {
+	t.trim()
+	t.mu.Lock()
+	if !t.stopped {
+		t.everyT.Reset(trimEvery)
+	}
+	t.mu.Unlock()
+}
+
+func (t *textTrimmer) trim() {
+	t.log.Debug("trimmed text pages", "mapped_bytes", trimText(t.log))
+}
+
+func (t *textTrimmer) stop() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	t.everyT.Stop()
+	if t.soonT != nil {
+		t.soonT.Stop()
+	}
+}
+
+// trimmingGatherer trims after each metrics scrape.
+type trimmingGatherer struct {
+	prometheus.Gatherer
+	t *textTrimmer
+}
+
+func (g trimmingGatherer) Gather() ([]*dto.MetricFamily, error) {
+	defer g.t.soon()
+	return g.Gatherer.Gather()
+}
+
+// memLimitFraction of the container limit becomes GOMEMLIMIT.
+const memLimitFraction = 0.9
+
+// cgroupLimitFiles are read in order; the first number found is the limit.
+var cgroupLimitFiles = []string{
+	"/sys/fs/cgroup/memory.max",                   // cgroup v2
+	"/sys/fs/cgroup/memory/memory.limit_in_bytes", // cgroup v1
+}
+
+// setMemoryLimit applies the GOMEMLIMIT default and returns the limit set
+// (0: none).
+func setMemoryLimit(environ []string, log *slog.Logger) int64 {
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			return 0 // the runtime already applied the operator's value
+		}
+	}
+	limit, file := containerMemoryLimit(cgroupLimitFiles)
+	if limit <= 0 {
+		return 0
+	}
+	soft := int64(float64(limit) * memLimitFraction)
+	debug.SetMemoryLimit(soft)
+	log.Info("memory limit from the container", "file", file, "container_bytes", limit, "gomemlimit_bytes", soft)
+	return soft
+}
+
+// containerMemoryLimit reads the first cgroup limit file holding a number.
+// "max" and the v1 "unlimited" value (close to MaxInt64) mean no limit.
+func containerMemoryLimit(files []string) (int64, string) {
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "max" {
+			return 0, f
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 || n >= math.MaxInt64/2 {
+			return 0, f
+		}
+		return n, f
+	}
+	return 0, ""
+}
+
+// trimText drops the process's page mappings of its executable's
+// read-only segments and returns how many bytes of mappings it covered.
+func trimText(log *slog.Logger) int64 {
+	exe, err := os.Executable()
+	if err != nil || !fixedAddressELF(exe) {
+		return 0
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return 0
+	}
+	regions, err := readOnlyMappings(maps, exe)
+	if err != nil {
+		log.Debug("trim text: parse /proc/self/maps", "error", err)
+		return 0
+	}
+	var total int64
+	for _, r := range regions {
+		// The raw syscall: the region is not Go memory, so no slice of it.
+		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_DONTNEED); errno != 0 {
+			err := error(errno)
+			log.Debug("trim text: madvise", "start", fmt.Sprintf("%#x", r.start), "error", err)
+			continue
+		}
+		total += int64(r.end - r.start)
+	}
+	return total
+}
+
+// fixedAddressELF reports whether path is a non-PIE executable (ELF type
+// EXEC). A position-independent one has read-only pages that the loader
+// wrote relocations into (RELRO): dropping those would restore the
+// unrelocated bytes, so trimText leaves such a binary alone.
+func fixedAddressELF(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return f.Type == elf.ET_EXEC
+}
+
+type region struct{ start, end uintptr }
+
+// readOnlyMappings returns the mappings of file path in a /proc/<pid>/maps
+// listing that are neither writable nor private-writable: code and
+// read-only data, whose pages can always be read again from the file.
+func readOnlyMappings(maps []byte, path string) ([]region, error) {
+	var out []region
+	sc := bufio.NewScanner(bytes.NewReader(maps))
+	for sc.Scan() {
+		// start-end perms offset dev inode path
+		f := strings.Fields(sc.Text())
+		if len(f) < 6 || f[5] != path {
+			continue
+		}
+		perms := f[1]
+		if len(perms) < 4 || perms[0] != 'r' || perms[1] != '-' {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			return nil, fmt.Errorf("bad range %q", f[0])
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || end <= start {
+			return nil, fmt.Errorf("bad range %q", f[0])
+		}
+		out = append(out, region{uintptr(start), uintptr(end)})
+	}
+	return out, sc.Err()
+}

@@ -178,6 +178,10 @@ func newInpodNodeWith(t *testing.T, prefix string, setup func(*nstest.Node) []st
 	t.Cleanup(func() { cmd.Process.Kill() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Live adds need ztunnel connected (AddPod otherwise only caches).
+	if err := cni.WaitSnapshots(ctx, 1); err != nil {
+		t.Fatalf("ztunnel did not connect to the CNI agent: %v\n%s", err, readFile(logPath))
+	}
 	for _, p := range []*nstest.Pod{cl, sv} {
 		if err := cniemu.InstallRedirect(p.Path(), cniemu.RedirectOptions{}); err != nil {
 			t.Fatal(err)

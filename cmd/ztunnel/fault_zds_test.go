@@ -46,9 +46,7 @@ func TestFaultZDSPeerRestart(t *testing.T) {
 		}
 		return err == nil
 	}
-	if !listening() {
-		t.Fatal("the third pod's 15008 is not listening after its add")
-	}
+	eventually(t, "the third pod's 15008 to listen after its add", listening)
 	text := scrape(t, n.node.NS)
 	started0 := metricValue(text, "istio_workload_manager_proxies_started_total")
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,7 @@ func NewResolver(opts ResolverOptions) (*Resolver, error) {
 	if opts.MaxForwards <= 0 {
 		opts.MaxForwards = DefaultMaxForwards
 	}
+	opts.SearchDomains = slices.Clone(opts.SearchDomains) // nil stays nil
 	for i, s := range opts.SearchDomains {
 		opts.SearchDomains[i] = normalize(s)
 	}
@@ -104,9 +106,6 @@ func NewResolver(opts ResolverOptions) (*Resolver, error) {
 		slots:   make(chan struct{}, opts.MaxForwards),
 	}, nil
 }
-
-// Upstreams returns the resolvers forwarded to.
-func (r *Resolver) Upstreams() []string { return r.opts.Upstreams }
 
 // client is who asked: the pod a Server serves and, when the source
 // address names it in state, its workload.

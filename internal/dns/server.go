@@ -66,6 +66,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	servers  []*mdns.Server // guarded by mu
+	running  []*mdns.Server // guarded by mu: those that started serving
 	started  bool           // guarded by mu
 	shutdown bool           // guarded by mu
 	wg       sync.WaitGroup // one per serving goroutine
@@ -149,6 +150,7 @@ func (s *Server) Start() error {
 		}()
 		select {
 		case <-up:
+			s.running = append(s.running, srv)
 		case err := <-failed:
 			return fmt.Errorf("dns: start: %w", err)
 		case <-time.After(startTimeout):
@@ -165,17 +167,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	first := !s.shutdown
 	s.shutdown = true
-	started := s.started
+	running := s.running
 	s.mu.Unlock()
 	if !first {
 		s.wg.Wait()
 		return nil
 	}
 	var errs []error
-	if started {
+	if len(running) > 0 {
 		var wg sync.WaitGroup
 		var emu sync.Mutex
-		for _, srv := range s.servers {
+		for _, srv := range running {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -191,13 +193,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, s.cancel)
 		wg.Wait()
 		stop()
-	} else {
-		for _, pc := range s.opts.PacketConns {
-			pc.Close()
-		}
-		for _, ln := range s.opts.Listeners {
-			ln.Close()
-		}
+	}
+	// miekg closed the sockets it served; these close the rest (a Start
+	// that failed part way, or none).
+	for _, pc := range s.opts.PacketConns {
+		pc.Close()
+	}
+	for _, ln := range s.opts.Listeners {
+		ln.Close()
 	}
 	s.cancel()
 	s.wg.Wait()

@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -250,5 +251,39 @@ func waitFor(t testing.TB, cond func() bool) {
 			t.Fatal("condition not met in 5s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLifecycle: Close before Start releases the sockets, Close is safe
+// twice, and a closed Server does not start.
+func TestLifecycle(t *testing.T) {
+	res, err := NewResolver(ResolverOptions{State: newStore(t).Snapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcs, lns, err := Listen("127.0.0.1:0", LocalListenFuncs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(ServerOptions{Resolver: res, Client: Client{Namespace: "default"}, PacketConns: pcs, Listeners: lns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lns[0].Addr().String()
+	for range 2 {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Start(); err == nil {
+		t.Error("Start after Close succeeded")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("socket still held after Close: %v", err)
+	}
+	ln.Close()
+	if _, err := NewServer(ServerOptions{Resolver: res, PacketConns: pcs}); err == nil {
+		t.Error("NewServer without a client namespace succeeded")
 	}
 }

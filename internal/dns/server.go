@@ -312,7 +312,9 @@ func (s *Server) answer(ctx context.Context, req *mdns.Msg, proto string, src ne
 		if m, ok := r.find(snap, c, normalize(q.Name)); ok {
 			resp := r.meshAnswer(snap, req, m)
 			echoEDNS(req, resp)
-			s.log.Debug("dns request", "src", src, "proto", proto, "name", q.Name, "type", l[0], "result", "mesh", "answers", len(resp.Answer))
+			if s.log.Enabled(ctx, slog.LevelDebug) { // the hot path: no boxing when off
+				s.log.Debug("dns request", "src", src, "proto", proto, "name", q.Name, "type", l[0], "result", "mesh", "answers", len(resp.Answer))
+			}
 			return resp
 		}
 	}

@@ -210,6 +210,23 @@ func TestDNSInpod(t *testing.T) {
 	if got := metricSum(string(body), "istio_dns_requests_total", `source_canonical_service="client"`); got == 0 {
 		t.Error("no istio_dns_requests_total with the client's canonical service")
 	}
+
+	// The DNS sockets go with the pod's other listeners when it leaves.
+	if err := m.Nodes[0].CNI.RemovePod(ctx, "uid-client"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		conn, err := client.Dial(ctx, "tcp", "127.0.0.1:15053")
+		if err != nil {
+			break
+		}
+		conn.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("127.0.0.1:15053 still accepts in a removed pod")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if t.Failed() {
 		b, _ := os.ReadFile(m.Nodes[0].LogPath)
 		t.Logf("ztunnel log:\n%s", b)

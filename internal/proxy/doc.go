@@ -28,5 +28,7 @@
 // istio_tcp_connections_failed_total, istio_tcp_sent_bytes_total,
 // istio_tcp_received_bytes_total (upstream's label set),
 // istio_ztunnel_authorization_denied_total{direction,policy},
-// istio_ztunnel_connection_rejected_total{direction,reason}.
+// istio_ztunnel_connection_rejected_total{direction,reason},
+// istio_ztunnel_accept_errors_total{port,reason} (accept.go: EMFILE and
+// other transient accept failures; the listener backs off 5 ms → 1 s).
 package proxy

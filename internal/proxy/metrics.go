@@ -90,6 +90,8 @@ type Metrics struct {
 	received *prometheus.CounterVec
 	denied   *prometheus.CounterVec
 	rejected *prometheus.CounterVec
+
+	acceptErrors *prometheus.CounterVec // by port, reason (accept.go)
 }
 
 // NewMetrics registers the proxy metrics on reg (nil: collected but not
@@ -112,5 +114,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Connections denied by authorization policy, by the deciding policy.", []string{"direction", "policy"}),
 		rejected: counter("ztunnel_connection_rejected_total",
 			"Connections refused before reaching a destination, by reason.", []string{"direction", "reason"}),
+		acceptErrors: counter("ztunnel_accept_errors_total",
+			"Failed accepts on 15001/15006/15008 (the listener backs off and retries), by port and reason.", []string{"port", "reason"}),
 	}
 }

@@ -169,6 +169,7 @@ func (p *Proxy) ServeHBONE(ln net.Listener) {
 	if !p.addListener(ln) {
 		return
 	}
+	ln = countAccepts(ln, p.m)
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -182,6 +183,7 @@ func (p *Proxy) serve(ln net.Listener, handle func(*net.TCPConn)) {
 	if !p.addListener(ln) {
 		return
 	}
+	ln = countAccepts(ln, p.m)
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()

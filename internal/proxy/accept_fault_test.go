@@ -30,7 +30,9 @@ func (l *scriptedListener) Addr() net.Addr { return &net.TCPAddr{Port: 15001} }
 // TestFaultAcceptErrorsCounted: each failed Accept is counted once under
 // its reason; closing the listener is not a failure.
 func TestFaultAcceptErrorsCounted(t *testing.T) {
-	wrap := func(e syscall.Errno) error { return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", e)} }
+	wrap := func(e syscall.Errno) error {
+		return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", e)}
+	}
 	cases := []struct {
 		err    error
 		reason string

@@ -41,17 +41,24 @@ import (
 
 // Trimming runs once start-up is done, shortly after the cold paths that
 // touch many pages (a metrics scrape, a config dump: trimDelay after the
-// last one), and every trimEvery for everything else (profiles, xDS pushes).
-// A trim costs the running proxy a few hundred minor faults to map its
-// working set again: well under a millisecond of CPU.
+// last one), every trimEarly during the first trimEarlyFor (in-pod mode
+// keeps starting up after run returns: pods arrive, certificates are
+// issued, the first HBONE handshakes run), and every trimEvery after that
+// for everything else (profiles, xDS pushes). A trim costs the running
+// proxy a few hundred minor faults to map its working set again: well
+// under a millisecond of CPU.
 const (
-	trimDelay = time.Second
-	trimEvery = time.Minute
+	trimDelay    = time.Second
+	trimEarly    = 2 * time.Second
+	trimEarlyFor = time.Minute
+	trimEvery    = time.Minute
 )
 
 // textTrimmer schedules trimText.
 type textTrimmer struct {
 	log *slog.Logger
+
+	started time.Time
 
 	mu      sync.Mutex
 	soonT   *time.Timer // guarded by mu: pending trimDelay trim
@@ -60,9 +67,9 @@ type textTrimmer struct {
 }
 
 func newTextTrimmer(log *slog.Logger) *textTrimmer {
-	t := &textTrimmer{log: log}
+	t := &textTrimmer{log: log, started: time.Now()}
 	t.mu.Lock()
-	t.everyT = time.AfterFunc(trimEvery, t.periodic)
+	t.everyT = time.AfterFunc(trimEarly, t.periodic)
 	t.mu.Unlock()
 	return t
 }
@@ -85,7 +92,11 @@ func (t *textTrimmer) periodic() {
 	t.trim()
 	t.mu.Lock()
 	if !t.stopped {
-		t.everyT.Reset(trimEvery)
+		next := trimEvery
+		if time.Since(t.started) < trimEarlyFor {
+			next = trimEarly
+		}
+		t.everyT.Reset(next)
 	}
 	t.mu.Unlock()
 }

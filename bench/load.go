@@ -310,34 +310,26 @@ func (p *path) stream(c net.Conn, done func() bool, deadline time.Time) (int64, 
 }
 
 // connRate dials, does a 1-byte round trip and closes, in a closed loop
-// on workers threads for d, and returns completed connections per second.
+// on workers goroutines for d, and returns completed connections per
+// second.
 func (p *path) connRate(ctx context.Context, workers int, d time.Duration) (float64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	fe := &firstError{cancel: cancel}
 	var done atomic.Int64
+	// Plain goroutines on sockets made in the pod, as in the new-connection
+	// phase (nsdial.go): the harness's own share of each connection's CPU
+	// and wake-ups is what it takes from the ztunnels it measures on the
+	// same two cores.
+	sockets := newSocketFactory(p.client)
+	defer sockets.close()
 	start := time.Now()
 	deadline := start.Add(d)
-	fe.set(p.inClient(workers, func(w int) error {
-		req, resp := []byte{byte(w)}, []byte{0}
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			c, err := p.dialHere(ctx, echoPort)
-			if err != nil {
-				fe.set(err)
-				return nil
-			}
-			err = roundTrip(c, req, resp)
-			c.Close()
-			if err != nil {
-				fe.set(fmt.Errorf("connection %d: %w", done.Load(), err))
-				return nil
-			}
-			done.Add(1)
-			p.verified.Add(1)
-			req[0]++
-		}
-		return nil
-	}))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() { fe.set(connLoop(ctx, p, sockets, w, deadline, &done)) })
+	}
+	wg.Wait()
 	elapsed := time.Since(start)
 	if fe.err != nil {
 		return 0, fe.err
@@ -346,6 +338,27 @@ func (p *path) connRate(ctx context.Context, workers int, d time.Duration) (floa
 		return 0, err
 	}
 	return float64(done.Load()) / elapsed.Seconds(), nil
+}
+
+// connLoop is one closed-loop worker of connRate.
+func connLoop(ctx context.Context, p *path, sockets *socketFactory, w int, deadline time.Time, done *atomic.Int64) error {
+	req, resp := []byte{byte(w)}, []byte{0}
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		c, err := sockets.dial(ctx, p.addrPort(echoPort))
+		if err != nil {
+			return err
+		}
+		p.dials.Add(1)
+		err = roundTrip(c, req, resp)
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("connection %d: %w", done.Load(), err)
+		}
+		done.Add(1)
+		p.verified.Add(1)
+		req[0]++
+	}
+	return nil
 }
 
 // openIdle opens n connections (parallel at a time), each proven

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"log/slog"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +30,8 @@ func packed(t testing.TB, edit func(m *mdns.Msg)) []byte {
 // each gets its error counter and the answer (or silence) it should, and
 // the server answers a good query right after.
 func TestBadInput(t *testing.T) {
-	s := startServer(t, ResolverOptions{})
+	var logs syncBuffer
+	s := startServer(t, ResolverOptions{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	header := func(qd uint16) []byte {
 		h := make([]byte, 12)
 		binary.BigEndian.PutUint16(h[0:], 0x1234)
@@ -79,6 +83,9 @@ func TestBadInput(t *testing.T) {
 				waitFor(t, func() bool {
 					return counter(t, s.reg, "ztunnel_dns_errors_total", map[string]string{"reason": string(tc.reason)}) == before+1
 				})
+				if line := logs.take(); !strings.Contains(line, "level=DEBUG") || !strings.Contains(line, "reason="+string(tc.reason)) {
+					t.Errorf("log %q, want a debug line with reason=%s", line, tc.reason)
+				}
 				if got := query(t, proto, s.addr(proto), "shop.", mdns.TypeA, 0); len(got.Answer) != 1 {
 					t.Errorf("good query after bad input: %v", got)
 				}
@@ -147,4 +154,25 @@ func rawExchange(t testing.TB, proto, addr string, pkt []byte) *mdns.Msg {
 		t.Fatalf("answer does not parse: %v", err)
 	}
 	return m
+}
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// take returns what was logged so far and empties the buffer.
+func (b *syncBuffer) take() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.String()
+	b.buf.Reset()
+	return s
 }

@@ -101,8 +101,11 @@ type ScenarioResult struct {
 	LatencyHOL        Latency `json:"latency_hol_us"`
 	HOLBulkGbps       float64 `json:"hol_bulk_gbps"`
 	HOLHBONEConns     int     `json:"hol_hbone_tcp_conns"`
-	HarnessLag        Latency `json:"harness_lag_us"`
-	HarnessLagNew     Latency `json:"harness_lag_new_conn_us"`
+	// HOLRatio is latency_hol_us.p99 ÷ latency_us.p99 (the head-of-line
+	// target's figure; direct's is the machine's contention floor).
+	HOLRatio      float64 `json:"hol_p99_ratio"`
+	HarnessLag    Latency `json:"harness_lag_us"`
+	HarnessLagNew Latency `json:"harness_lag_new_conn_us"`
 	// Plain loops of the same operations, measured just before each
 	// open-loop phase (selfcheck.go), and for direct the reasons its
 	// figures cannot be trusted (for the others: that their ratios rest on
@@ -219,8 +222,8 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		if err := r.headOfLine(ctx, p, d, r.cfg.duration, &res); err != nil {
 			return fmt.Errorf("head-of-line: %w", err)
 		}
-		r.progress("[%s] 1 KiB requests beside a bulk stream (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs",
-			d.name, res.HOLBulkGbps, res.HOLHBONEConns, res.LatencyHOL.P50, res.LatencyHOL.P99)
+		r.progress("[%s] 1 KiB requests beside a bulk stream (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs (%.2f × the unloaded p99)",
+			d.name, res.HOLBulkGbps, res.HOLHBONEConns, res.LatencyHOL.P50, res.LatencyHOL.P99, holRatio(res))
 
 		if res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration); err != nil {
 			return fmt.Errorf("connection rate: %w", err)
@@ -263,6 +266,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	res.Ztunnels = costs
 	res.Connections = p.dials.Load()
 	res.BytesVerified = p.verified.Load()
+	res.HOLRatio = holRatio(res)
 	res.DurationSeconds = time.Since(started).Seconds()
 	return res, nil
 }

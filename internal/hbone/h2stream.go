@@ -29,7 +29,7 @@ type h2stream struct {
 	rErr        error   // reads fail with this (reset, connection lost)
 	rStop       bool    // we stopped reading: drop what arrives
 	sink        *sink   // CopyTo in progress
-	sinkBusy    bool    // CopyTo's goroutine is writing queued bytes
+	sinkBusy    bool    // the sink's writer goroutine is writing queued bytes
 	sinkErr     error   // the sink failed
 	recvWin     int64   // what the peer may still send
 	recvUnacked int64   // consumed, not yet returned by WINDOW_UPDATE
@@ -113,20 +113,61 @@ func (s *h2stream) onData(data []byte, flow int64, end bool) {
 			s.notify()
 		} else if n < len(data) {
 			s.push(data[n:])
-			s.sinkBusy = true
-			s.notify()
+			s.startDrainLocked()
 		}
 	default:
 		s.push(data)
-		s.notify()
+		if s.sink != nil && !s.sinkBusy {
+			s.startDrainLocked()
+		} else {
+			s.notify()
+		}
 	}
 	if end {
 		s.rEOF = true
 		s.notify()
 	}
 	inc := s.streamCreditLocked(consumed)
+	done, derr := s.takeDoneLocked()
 	s.rmu.Unlock()
 	s.c.credit(s, inc, consumed, true)
+	if done != nil {
+		done(derr)
+	}
+}
+
+// startDrainLocked hands queued bytes to the sink's writer: the goroutine
+// in CopyTo, or for StartCopyTo a goroutine started now that lives until
+// the queue is empty.
+func (s *h2stream) startDrainLocked() {
+	s.sinkBusy = true
+	if s.sink.done == nil {
+		s.notify()
+		return
+	}
+	go s.drain(s.sink)
+}
+
+// takeDoneLocked detaches a StartCopyTo sink that has finished (END_STREAM
+// delivered, reset, or the sink failed) and returns its done callback and
+// result, for the caller to run once rmu is released.
+func (s *h2stream) takeDoneLocked() (func(error), error) {
+	k := s.sink
+	if k == nil || k.done == nil || s.sinkBusy || len(s.rq) > 0 {
+		return nil, nil
+	}
+	var err error
+	switch {
+	case s.sinkErr != nil:
+		err = s.sinkErr
+	case s.rErr != nil:
+		err = s.rErr
+	case s.rEOF || s.rStop:
+	default:
+		return nil, nil
+	}
+	s.sink = nil
+	return k.done, err
 }
 
 // push queues a copy of p. Called with rmu held.
@@ -244,47 +285,19 @@ func (s *h2stream) CopyTo(dst io.Writer, n *atomic.Int64) (int64, error) {
 	s.rmu.Lock()
 	if s.sink != nil {
 		s.rmu.Unlock()
-		return 0, errors.New("hbone: concurrent CopyTo on one stream")
+		return 0, errConcurrentCopy
 	}
 	s.sink = k
 	for {
-		if s.sinkErr != nil {
-			err := s.sinkErr
-			s.sink, s.sinkBusy = nil, false
-			dropped := s.dropQueueLocked()
-			s.rmu.Unlock()
-			s.c.credit(nil, 0, dropped, false)
-			return k.total.Load(), err
-		}
-		if len(s.rq) > 0 {
-			s.sinkBusy = true
-			ch := s.rq[0]
-			s.rq[0] = chunk{}
-			s.rq = s.rq[1:]
-			s.rmu.Unlock()
-			w, err := k.write(ch.b)
-			putBuf(ch.buf)
-			k.count(w)
-			s.rmu.Lock()
-			if err == nil && w < len(ch.b) {
-				err = io.ErrShortWrite
-			}
-			if err != nil {
-				s.sinkErr, s.rStop = err, true
-				s.rmu.Unlock()
-				s.c.credit(nil, 0, int64(len(ch.b)), false)
-				s.rmu.Lock()
-				continue
-			}
-			inc := s.streamCreditLocked(int64(w))
-			s.rmu.Unlock()
-			s.c.credit(s, inc, int64(w), false)
-			s.rmu.Lock()
+		if s.writeQueuedLocked(k) {
 			continue
 		}
 		s.sinkBusy = false
-		if s.rErr != nil || s.rEOF || s.rStop {
-			err := s.rErr
+		if s.sinkErr != nil || s.rErr != nil || s.rEOF || s.rStop {
+			err := s.sinkErr
+			if err == nil {
+				err = s.rErr
+			}
 			s.sink = nil
 			s.rmu.Unlock()
 			return k.total.Load(), err
@@ -293,6 +306,85 @@ func (s *h2stream) CopyTo(dst io.Writer, n *atomic.Int64) (int64, error) {
 		<-s.signal
 		s.rmu.Lock()
 	}
+}
+
+var errConcurrentCopy = errors.New("hbone: concurrent CopyTo on one stream")
+
+// StartCopyTo is CopyTo without a goroutine of its own: it returns at
+// once, the connection's reader delivers into dst, a goroutine exists only
+// while dst is full, and done runs once — with nil after END_STREAM, or the
+// error — on whichever goroutine finished. done must not block. An idle
+// proxied connection then costs no goroutine in this direction.
+func (s *h2stream) StartCopyTo(dst io.Writer, n *atomic.Int64, done func(error)) {
+	k := newSink(dst, n)
+	k.done = done
+	s.rmu.Lock()
+	if s.sink != nil {
+		s.rmu.Unlock()
+		done(errConcurrentCopy)
+		return
+	}
+	s.sink = k
+	if len(s.rq) > 0 {
+		s.startDrainLocked()
+		s.rmu.Unlock()
+		return
+	}
+	fn, err := s.takeDoneLocked()
+	s.rmu.Unlock()
+	if fn != nil {
+		fn(err)
+	}
+}
+
+// drain is StartCopyTo's writer for bytes that would have blocked.
+func (s *h2stream) drain(k *sink) {
+	s.rmu.Lock()
+	for s.writeQueuedLocked(k) {
+	}
+	s.sinkBusy = false
+	done, err := s.takeDoneLocked()
+	s.rmu.Unlock()
+	if done != nil {
+		done(err)
+	}
+}
+
+// writeQueuedLocked writes the first queued chunk to k, waiting if the
+// socket is full (rmu is released meanwhile), and reports whether it did.
+// A failed sink drops the queue and stops reading.
+func (s *h2stream) writeQueuedLocked(k *sink) bool {
+	if s.sinkErr != nil || len(s.rq) == 0 {
+		if s.sinkErr != nil && len(s.rq) > 0 {
+			dropped := s.dropQueueLocked()
+			s.rmu.Unlock()
+			s.c.credit(nil, 0, dropped, false)
+			s.rmu.Lock()
+		}
+		return false
+	}
+	s.sinkBusy = true
+	ch := s.rq[0]
+	s.rq[0] = chunk{}
+	s.rq = s.rq[1:]
+	s.rmu.Unlock()
+	w, err := k.write(ch.b)
+	putBuf(ch.buf)
+	k.count(w)
+	if err == nil && w < len(ch.b) {
+		err = io.ErrShortWrite
+	}
+	var inc uint32
+	s.rmu.Lock()
+	if err != nil {
+		s.sinkErr, s.rStop = err, true
+	} else {
+		inc = s.streamCreditLocked(int64(w))
+	}
+	s.rmu.Unlock()
+	s.c.credit(s, inc, int64(len(ch.b)), false)
+	s.rmu.Lock()
+	return true
 }
 
 // --- send side ---
@@ -481,8 +573,12 @@ func (s *h2stream) failRecv(err error) {
 		close(s.respc)
 	}
 	s.notify()
+	done, derr := s.takeDoneLocked()
 	s.rmu.Unlock()
 	s.c.credit(nil, 0, dropped, true)
+	if done != nil {
+		done(derr)
+	}
 }
 
 // stopReading drops what arrives from now on (the application will not
@@ -492,8 +588,12 @@ func (s *h2stream) stopReading() {
 	s.rStop = true
 	dropped := s.dropQueueLocked()
 	s.notify()
+	done, derr := s.takeDoneLocked()
 	s.rmu.Unlock()
 	s.c.credit(nil, 0, dropped, false)
+	if done != nil {
+		done(derr)
+	}
 }
 
 func (s *h2stream) end() {

@@ -139,6 +139,7 @@ type sink struct {
 	io    *rawIO          // on rc
 	n     *atomic.Int64   // caller's live counter; may be nil
 	total atomic.Int64
+	done  func(error) // StartCopyTo's completion; nil for CopyTo
 }
 
 func newSink(w io.Writer, n *atomic.Int64) *sink {

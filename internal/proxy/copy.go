@@ -37,12 +37,36 @@ type closeWriter interface {
 // their write side first keep working. An error in either direction (reset,
 // timeout, closed by a drain) aborts both. counts is updated as bytes move
 // so a live connection's totals can be read while it runs.
+//
+// With an HBONE stream on either side, the stream → socket direction runs
+// without a goroutine (StartCopyTo), so an idle proxied connection costs
+// one parked goroutine, this one.
 func pipe(down, up net.Conn, counts *counters) error {
 	errc := make(chan error, 1)
-	go func() {
-		errc <- copyDir(up, down, &counts.received)
-	}()
-	err := copyDir(down, up, &counts.sent)
+	// done ends the goroutine-less direction. It runs on the stream's
+	// connection reader, which must not block: a failure aborts both ends
+	// (unblocking this goroutine's copy) from a goroutine of its own.
+	done := func(dst net.Conn) func(error) {
+		return func(err error) {
+			if err = finish(dst, err); err != nil {
+				go abort(down, up)
+			}
+			errc <- err
+		}
+	}
+	var err error
+	if s, ok := down.(streamCopier); ok {
+		s.StartCopyTo(up, &counts.received, done(up))
+		err = copyDir(down, up, &counts.sent)
+	} else if s, ok := up.(streamCopier); ok {
+		s.StartCopyTo(down, &counts.sent, done(down))
+		err = copyDir(up, down, &counts.received)
+	} else {
+		go func() {
+			errc <- copyDir(up, down, &counts.received)
+		}()
+		err = copyDir(down, up, &counts.sent)
+	}
 	if err != nil {
 		// Unblock the other direction at once.
 		abort(down, up)
@@ -62,6 +86,7 @@ func pipe(down, up net.Conn, counts *counters) error {
 type streamCopier interface {
 	CopyFrom(src io.Reader, n *atomic.Int64) (int64, error)
 	CopyTo(dst io.Writer, n *atomic.Int64) (int64, error)
+	StartCopyTo(dst io.Writer, n *atomic.Int64, done func(error))
 }
 
 // copyDir copies src → dst and half-closes dst at EOF.

@@ -15,6 +15,7 @@ import (
 
 // handleHBONE serves one CONNECT stream on 15008.
 func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
+	defer p.conns.begin()()
 	src := req.RemoteAddr
 	dst := req.Authority
 	rec := newRecord(p.m, p.log, "inbound", src, dst)

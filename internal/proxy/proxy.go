@@ -210,7 +210,11 @@ func (p *Proxy) serve(ln net.Listener, handle func(*net.TCPConn)) {
 				c.Close()
 				continue
 			}
-			go handle(tc)
+			end := p.conns.begin()
+			go func() {
+				defer end()
+				handle(tc)
+			}()
 		}
 	}()
 }
@@ -232,7 +236,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.inbound.Shutdown(hctx)
 		close(hdone)
 	}()
-	p.conns.drain(ctx)
+	p.conns.drain(ctx, p.cancel)
 	// Streams are done, but their last frames may still be on the way out:
 	// let the HBONE server finish its graceful close unless time is up.
 	select {

@@ -139,17 +139,34 @@ type tracked struct {
 	recheck func() bool
 }
 
-// tracker holds every live proxied connection of one proxy instance.
+// tracker holds every live proxied connection of one proxy instance, and
+// counts the ones still being set up (accepted, upstream not yet connected)
+// so that a drain waits for them too.
 type tracker struct {
-	mu    sync.Mutex
-	conns map[*tracked]struct{} // guarded by mu
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[*tracked]struct{} // guarded by mu
+	closing bool                  // guarded by mu: drain has given up waiting; add closes at once
+	wg      sync.WaitGroup        // tracked connections and set-ups in progress
 }
 
 func newTracker() *tracker { return &tracker{conns: map[*tracked]struct{}{}} }
 
+// begin counts a connection being set up; call the returned func when its
+// handler returns.
+func (t *tracker) begin() (end func()) {
+	t.wg.Add(1)
+	return t.wg.Done
+}
+
+// add tracks c until the returned func is called. After a drain gave up
+// waiting (or finished), c is closed at once: nothing would close it later.
 func (t *tracker) add(c *tracked) func() {
 	t.mu.Lock()
+	if t.closing {
+		t.mu.Unlock()
+		c.close()
+		return func() {}
+	}
 	t.conns[c] = struct{}{}
 	t.wg.Add(1)
 	t.mu.Unlock()
@@ -202,15 +219,21 @@ func (t *tracker) flush() {
 	}
 }
 
-// drain waits for connections to finish until ctx ends, then closes the rest.
-func (t *tracker) drain(ctx context.Context) {
+// drain waits for connections (and set-ups in progress) to finish until
+// ctx ends; then it calls abortSetup, so that pending upstream connects
+// fail, closes every tracked connection, and waits for all handlers to
+// return. A connection whose set-up completes after that is closed by add.
+func (t *tracker) drain(ctx context.Context, abortSetup func()) {
 	done := make(chan struct{})
 	go func() { t.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return
 	case <-ctx.Done():
 	}
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
+	abortSetup()
 	for _, c := range t.snapshot() {
 		c.close()
 	}

@@ -99,14 +99,10 @@ func copyDir(dst, src net.Conn, n *atomic.Int64) error {
 		_, err := s.CopyTo(dst, n)
 		return finish(dst, err)
 	}
-	var err error
 	if dt, ok := dst.(*net.TCPConn); ok {
 		if st, ok := src.(*net.TCPConn); ok {
-			// TCP to TCP: let the runtime splice in the kernel.
-			var w int64
-			w, err = dt.ReadFrom(st)
-			n.Add(w)
-			return finish(dst, err)
+			// TCP to TCP: splice in the kernel (splice.go).
+			return finish(dst, spliceCopy(dt, st, n))
 		}
 	}
 	return finish(dst, copyBuffered(dst, src, n))

@@ -105,7 +105,7 @@ func (r *record) done(errp *error) {
 
 // flush adds the bytes moved since the last flush to the byte counters, so
 // long-lived connections show up in istio_tcp_*_bytes_total while they run
-// (upstream updates them live). TCP-to-TCP splices report at the end.
+// (upstream updates them live), spliced TCP-to-TCP copies included.
 func (r *record) flush() {
 	if !r.opened {
 		return

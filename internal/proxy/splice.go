@@ -63,7 +63,7 @@ func spliceCopy(dst, src *net.TCPConn, n *atomic.Int64) error {
 // callbacks are bound once so a splice allocates nothing.
 type splicer struct {
 	p       *kpipe // nil while idle
-	inPipe  int   // bytes in the pipe
+	inPipe  int    // bytes in the pipe
 	errno   syscall.Errno
 	readFn  func(uintptr) bool
 	writeFn func(uintptr) bool

@@ -130,7 +130,7 @@ func TestFailsLoudly(t *testing.T) {
 }
 
 // TestPeerFailsClearly: a -peer that exits at once (not a ztunnel) fails
-// the run after our scenarios, bounded, with a message naming the peer and
+// the run before any scenario, bounded, with a message naming the peer and
 // what upstream needs, and the peer's cluster is removed too.
 func TestPeerFailsClearly(t *testing.T) {
 	requireRootAndIptables(t)

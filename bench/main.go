@@ -227,6 +227,13 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		mesh.Close()
 		log("cleaned up: ztunnels stopped, namespaces, veths, iptables rules and temp files removed")
 	}()
+	var peer *peerRun
+	if cfg.peer != "" {
+		if peer, err = startPeer(ctx, cfg, tmp, progress); err != nil {
+			return nil, err
+		}
+		defer func() { peer.close(err != nil, progress) }()
+	}
 	r := &runner{cfg: cfg, mesh: mesh, servers: servers, log: progress}
 	res := &Results{
 		Machine: machineInfo(),
@@ -256,15 +263,17 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		}
 		sr.Ztunnel = ourLabel
 		res.Scenarios = append(res.Scenarios, sr)
-	}
-	if cfg.peer != "" {
-		ps, pnotes, err := runPeer(ctx, cfg, tmp, cfg.scenarios, progress)
-		if err != nil {
-			return nil, err
+		if peer != nil && name != scDirect { // direct has no ztunnel: the run's one serves both
+			ps, err := peer.run(ctx, d)
+			if err != nil {
+				return nil, err
+			}
+			res.PeerScenarios = append(res.PeerScenarios, ps)
 		}
-		res.Peer = peerLabel(cfg.peer) + " (" + cfg.peer + ")"
-		res.PeerScenarios = ps
-		res.Notes = append(res.Notes, pnotes...)
+	}
+	if peer != nil {
+		res.Peer = peer.label + " (" + peer.path + ")"
+		res.Notes = append(res.Notes, peer.r.notes...)
 	}
 	if ml.LoadEnd, err = sampleLoad(ctx); err != nil {
 		return nil, err

@@ -16,10 +16,12 @@ import (
 // this tree's build: same pods, addresses, servers, load and checks, same
 // run, and the same direct baseline for its ratios.
 //
-// The peer gets a second cluster built exactly like the first (a fresh
-// mesh under another namespace prefix) after the first one's scenarios,
-// rather than the first cluster with its ztunnels swapped: the topology
-// code stays one (demo.Mesh) and the peer starts from the same clean state.
+// The peer gets a second cluster built exactly like the first (a mesh
+// under another namespace prefix, idle while ours is measured and vice
+// versa) rather than the first cluster with its ztunnels swapped: the
+// topology code stays one (demo.Mesh). Each scenario runs on ours and
+// then at once on the peer, so on a shared machine both see nearly the
+// same load.
 //
 // What the peer must understand is upstream's own environment, which the
 // harness already uses: LOCAL_XDS_PATH (the shared local config, same
@@ -67,42 +69,53 @@ func checkPeer(path string) error {
 	return nil
 }
 
-// runPeer measures scenarios (direct excepted: its figures are the run's
-// baseline already) on a second cluster running the peer binary. Any
-// failure stops it with an error that says what upstream needs.
-func runPeer(ctx context.Context, cfg config, tmp string, scenarios []string, progress io.Writer) (_ []ScenarioResult, notes []string, err error) {
+// peerRun is the peer's cluster and runner for the length of a run.
+type peerRun struct {
+	label  string
+	path   string
+	r      *runner
+	outDir string
+}
+
+// startPeer builds the peer's cluster, before any scenario: a peer that
+// cannot run fails the run at once, with an error that says what
+// upstream needs, instead of after our scenarios.
+func startPeer(ctx context.Context, cfg config, tmp string, progress io.Writer) (*peerRun, error) {
 	label := peerLabel(cfg.peer)
 	pcfg := cfg
 	pcfg.prefix = cfg.prefix + peerPrefixSuffix
-	fmt.Fprintf(progress, "bench: peer %s: building the same cluster with %s\n", label, cfg.peer)
-	mesh, servers, err := buildTopology(ctx, pcfg, cfg.peer, filepath.Join(tmp, "peer-mesh"), peerEnv...)
+	fmt.Fprintf(progress, "bench: [%s] building the same cluster with %s\n", label, cfg.peer)
+	dir := filepath.Join(tmp, "peer-mesh")
+	mesh, servers, err := buildTopology(ctx, pcfg, cfg.peer, dir, peerEnv...)
 	if err != nil {
-		return nil, nil, peerError(label, cfg.peer, err, filepath.Join(tmp, "peer-mesh"))
+		keepStartLogs(dir, filepath.Join(cfg.outDir, "peer"), progress)
+		return nil, peerError(label, cfg.peer, err, dir)
 	}
-	defer func() {
-		for _, s := range servers {
-			s.stop()
-		}
-		if dir := filepath.Join(cfg.outDir, "peer"); err != nil && os.MkdirAll(dir, 0o755) == nil {
-			saveLogs(mesh, dir, progress)
-		}
-		mesh.Close()
-	}()
 	r := &runner{cfg: pcfg, mesh: mesh, servers: servers, log: progress, tag: "[" + label + "] ", peer: true}
-	var out []ScenarioResult
-	for _, name := range scenarios {
-		if name == scDirect {
-			continue
-		}
-		d, _ := findScenario(name)
-		sr, err := r.run(ctx, d)
-		if err != nil {
-			return nil, nil, peerError(label, cfg.peer, err, mesh.Dir)
-		}
-		sr.Ztunnel = label
-		out = append(out, sr)
+	return &peerRun{label: label, path: cfg.peer, r: r, outDir: cfg.outDir}, nil
+}
+
+// run measures scenario d on the peer, right after ours, so both see the
+// machine in the same state as nearly as a shared machine allows.
+func (pr *peerRun) run(ctx context.Context, d scenarioDef) (ScenarioResult, error) {
+	sr, err := pr.r.run(ctx, d)
+	if err != nil {
+		return sr, peerError(pr.label, pr.path, err, pr.r.mesh.Dir)
 	}
-	return out, r.notes, nil
+	sr.Ztunnel = pr.label
+	return sr, nil
+}
+
+// close removes the peer's cluster; after a failure its logs are kept in
+// <out>/peer first.
+func (pr *peerRun) close(failed bool, progress io.Writer) {
+	for _, s := range pr.r.servers {
+		s.stop()
+	}
+	if dir := filepath.Join(pr.outDir, "peer"); failed && os.MkdirAll(dir, 0o755) == nil {
+		saveLogs(pr.r.mesh, dir, progress)
+	}
+	pr.r.mesh.Close()
 }
 
 // peerError adds to a failure of the peer what upstream ztunnel needs here
@@ -140,4 +153,19 @@ func firstLine(b []byte, subs ...string) string {
 		}
 	}
 	return ""
+}
+
+// keepStartLogs copies the peer's logs from a cluster that failed to come
+// up (and is already gone) into out.
+func keepStartLogs(meshDir, out string, progress io.Writer) {
+	for _, n := range []string{"node1", "node2"} {
+		b, err := os.ReadFile(filepath.Join(meshDir, n, "ztunnel.log"))
+		if err != nil || os.MkdirAll(out, 0o755) != nil {
+			continue
+		}
+		f := filepath.Join(out, "ztunnel-"+n+".log")
+		if os.WriteFile(f, b[max(0, len(b)-logTail):], 0o644) == nil {
+			fmt.Fprintf(progress, "bench: peer log of %s kept in %s\n", n, f)
+		}
+	}
 }

@@ -224,7 +224,7 @@ func printTable(w io.Writer, res *Results) {
 	tw.Flush()
 	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels")
 	if res.Peer != "" {
-		fmt.Fprintf(w, "[name] = the -peer binary %s, same topology and load, in a second cluster after ours; same direct\n", res.Peer)
+		fmt.Fprintf(w, "[name] = the -peer binary %s, same topology and load in a second cluster, each scenario right after ours; same direct\n", res.Peer)
 	}
 	fmt.Fprintf(w, "self-check: direct's new-connection p50 %.0f µs is %.2f × a plain connect/round-trip/close loop's p50 %.0f µs (allowed %.0f ×)\n",
 		d.LatencyNewConn.P50, safeRatio(d.LatencyNewConn.P50, d.LoopNewConn.P50), d.LoopNewConn.P50, plausibleNewConn)

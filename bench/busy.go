@@ -222,3 +222,18 @@ func (m *MachineLoad) judgeBusy(directP99 float64) {
 	}
 	m.Busy = len(m.BusyReasons) > 0
 }
+
+// markBusy notes on every evaluated target of a busy run that its figure
+// is doubtful: a noisy unloaded phase, for one, can make a ratio target
+// look met.
+func markBusy(ts []Target, busy bool) {
+	if !busy {
+		return
+	}
+	for i := range ts {
+		if strings.HasPrefix(ts[i].Note, notMeasured) {
+			continue
+		}
+		ts[i].Note = strings.TrimPrefix(ts[i].Note+"; machine busy: doubtful", "; ")
+	}
+}

@@ -298,6 +298,8 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		copy(res.PeerScenarios, all[1:])
 		res.PeerTargets = targets(all)
 	}
+	markBusy(res.Targets, ml.Busy)
+	markBusy(res.PeerTargets, ml.Busy)
 	if cfg.profile {
 		if name, ok := profiled(res.Scenarios, cfg.profilePhase); ok {
 			d, _ := findScenario(name)

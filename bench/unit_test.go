@@ -527,3 +527,20 @@ func TestPeerRowsInTable(t *testing.T) {
 		}
 	}
 }
+
+func TestMarkBusy(t *testing.T) {
+	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, LatencyHOL: Latency{P99: 150}}})
+	markBusy(ts, false)
+	for _, tg := range ts {
+		if strings.Contains(tg.Note, "busy") {
+			t.Fatalf("calm run: %+v", tg)
+		}
+	}
+	markBusy(ts, true)
+	for _, tg := range ts {
+		measured := !strings.HasPrefix(tg.Note, notMeasured)
+		if measured != strings.Contains(tg.Note, "machine busy") {
+			t.Fatalf("busy run: %+v", tg)
+		}
+	}
+}

@@ -88,8 +88,9 @@ func (c *batchConn) flushLocked() error {
 	return err
 }
 
-// batchTLS is the tls.Conn handed to x/net: large Writes are gathered by
-// its batchConn. It embeds *tls.Conn so x/net still finds ConnectionState.
+// batchTLS is an HBONE connection's TLS: large Writes are gathered by its
+// batchConn. It embeds *tls.Conn for reads, the handshake and
+// ConnectionState.
 type batchTLS struct {
 	*tls.Conn
 	raw *batchConn
@@ -108,6 +109,9 @@ func newBatchTLS(raw net.Conn, client bool, cfg *tls.Config) *batchTLS {
 
 // batchWrites turns gathering on; benchmarks turn it off to measure it.
 var batchWrites = true
+
+// closeNow closes the socket under the TLS connection at once.
+func (c *batchTLS) closeNow() error { return c.raw.Conn.Close() }
 
 func (c *batchTLS) Write(p []byte) (int, error) {
 	if len(p) < batchMinWrite || !batchWrites {

@@ -40,7 +40,7 @@ import (
 type conn struct {
 	// Immutable after newConn.
 	client     bool
-	bt         *batchTLS
+	w          wire
 	br         *bufio.Reader
 	rfr        *http2.Framer // read side; only the reader goroutine uses it
 	log        *slog.Logger
@@ -120,13 +120,25 @@ type connOptions struct {
 	maxStreams uint32
 }
 
+// wire is what a conn reads and writes: the TLS connection (batchTLS),
+// or memory in fuzz tests.
+type wire interface {
+	io.Reader
+	io.Writer
+	// closeNow closes the underlying socket at once (no close_notify,
+	// which could block on a peer that does not read).
+	closeNow() error
+	LocalAddr() net.Addr
+	RemoteAddr() net.Addr
+}
+
 // newConn wraps an established TLS connection. The caller sends the
 // preface (startClient or startServer) and then runs readLoop.
-func newConn(bt *batchTLS, o connOptions) *conn {
+func newConn(w wire, o connOptions) *conn {
 	c := &conn{
 		client:       o.client,
-		bt:           bt,
-		br:           bufio.NewReaderSize(bt.Conn, readBufSize),
+		w:            w,
+		br:           bufio.NewReaderSize(w, readBufSize),
 		log:          o.log,
 		countError:   o.countError,
 		onStream:     o.onStream,
@@ -251,7 +263,7 @@ func (c *conn) writeFrame(buf []byte) error {
 	}
 	c.flushing = true
 	c.wmu.Unlock()
-	_, err := c.bt.Write(buf)
+	_, err := c.w.Write(buf)
 	c.wmu.Lock()
 	return c.flushLocked(err)
 }
@@ -301,7 +313,7 @@ func (c *conn) flushLocked(err error) error {
 		c.wbuf = c.spare[:0]
 		c.wcond.Broadcast() // room in wbuf again
 		c.wmu.Unlock()
-		_, err = c.bt.Write(buf)
+		_, err = c.w.Write(buf)
 		c.wmu.Lock()
 		if cap(buf) <= 4*maxPending {
 			c.spare = buf[:0]
@@ -393,7 +405,7 @@ func (c *conn) close(err error) {
 	c.wcond.Broadcast()
 	c.wmu.Unlock()
 
-	_ = c.bt.raw.Conn.Close()
+	_ = c.w.closeNow()
 	close(c.done)
 	for _, s := range streams {
 		s.fail(err)
@@ -563,5 +575,5 @@ func (c *conn) keepaliveTick() {
 }
 
 // localAddr and remoteAddr of the TCP connection.
-func (c *conn) localAddr() net.Addr  { return c.bt.LocalAddr() }
-func (c *conn) remoteAddr() net.Addr { return c.bt.RemoteAddr() }
+func (c *conn) localAddr() net.Addr  { return c.w.LocalAddr() }
+func (c *conn) remoteAddr() net.Addr { return c.w.RemoteAddr() }

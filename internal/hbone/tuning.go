@@ -11,17 +11,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HTTP/2 settings. x/net/http2's defaults are chosen for web traffic
-// (client: 4 MiB stream / 1 GiB connection window, 16 KiB frames; server:
-// 1 MiB windows); a tunnel carries long bulk transfers, so each value here
-// is chosen on purpose. Benchmarks in bench_test.go show the effect.
+// HTTP/2 settings. A tunnel carries long bulk transfers beside small
+// requests, so each value here is chosen on purpose; benchmarks in
+// bench_test.go show the effect.
 const (
 	// streamWindow is the per-stream receive window (upstream
 	// HTTP2_STREAM_WINDOW_SIZE). It bounds one stream's throughput to
 	// window/RTT: 4 MiB at a 1 ms cross-node RTT is ~33 Gbit/s, at 10 ms
-	// ~3.3 Gbit/s. x/net buffers received data in small chunks allocated as
-	// it arrives, so an idle stream costs nothing; only a stream whose reader
-	// falls behind holds up to this much.
+	// ~3.3 Gbit/s. Received data waits in pooled chunks only while the
+	// destination cannot take it, so an idle stream costs nothing; only a
+	// stream whose reader falls behind holds up to this much.
 	streamWindow = 4 << 20
 
 	// connWindow is the connection receive window (upstream
@@ -32,20 +31,17 @@ const (
 
 	// maxFrameSize is the largest frame we accept (SETTINGS_MAX_FRAME_SIZE),
 	// so the largest DATA frame the peer sends us. Upstream's default
-	// (HTTP2_FRAME_SIZE) is 1 MiB; we chose 64 KiB on measurement: on
-	// loopback it moved as many or more bytes per second and CPU-second as
-	// 256 KiB and 1 MiB frames (bench_test.go), a frame still spans only
-	// one batched write (batch.go), and it bounds memory: x/net's framer
-	// keeps a read buffer as large as the largest frame it ever received,
-	// for the life of the connection, so 1 MiB frames would pin up to 1 MiB
-	// per idle connection that once carried bulk traffic. x/net's 16 KiB
-	// default costs a write syscall per 16 KiB.
+	// (HTTP2_FRAME_SIZE) is 1 MiB; 64 KiB moved the most bytes per second
+	// on loopback (256 KiB: fewer syscalls, less pipelining, since a frame
+	// is forwarded only once read whole), a frame still goes out in one
+	// batched write (batch.go), and the reader keeps a buffer as large as
+	// the largest frame received, per connection.
 	maxFrameSize = 64 << 10
 
 	// pingInterval and pingTimeout detect a dead peer on an otherwise quiet
-	// connection (upstream: ping every 10s, give up after 20s). x/net only
-	// pings when nothing was received for pingInterval, so busy connections
-	// pay nothing.
+	// connection (upstream: ping every 10s, give up after 20s). Only a
+	// connection that received nothing for pingInterval is pinged, so busy
+	// connections pay nothing.
 	pingInterval = 10 * time.Second
 	pingTimeout  = 20 * time.Second
 

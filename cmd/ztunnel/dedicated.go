@@ -76,7 +76,10 @@ func (a *app) startDedicated(ctx context.Context) error {
 // newPool makes an HBONE client pool that dials with dial.
 func (a *app) newPool(dial func(ctx context.Context, network, addr string) (net.Conn, error)) (*hbone.Pool, error) {
 	return hbone.NewPool(hbone.PoolOptions{
-		Dial:              dial,
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			defer a.trimmer.soon() // a new HBONE connection: TLS handshake, cold code
+			return dial(ctx, network, addr)
+		},
 		TLS:               proxy.PoolTLS(a.certs),
 		MaxStreamsPerConn: a.cfg.PoolMaxStreamsPerConn,
 		IdleTimeout:       a.cfg.PoolUnusedRelease,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -14,8 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 )
 
@@ -39,16 +38,17 @@ import (
 // first use (a minor fault, no I/O), so RSS afterwards is the working set.
 // It never touches writable or anonymous memory.
 
-// Trimming runs once start-up is done, shortly after the cold paths that
-// touch many pages (a metrics scrape, a config dump: trimDelay after the
-// last one), every trimEarly during the first trimEarlyFor (in-pod mode
+// Trimming runs once start-up is done, right after each metrics scrape,
+// shortly after other cold paths that touch many pages (a config dump, a
+// new pod, a new HBONE connection and its TLS handshake: trimDelay after
+// the last one), every trimEarly during the first trimEarlyFor (in-pod mode
 // keeps starting up after run returns: pods arrive, certificates are
 // issued, the first HBONE handshakes run), and every trimEvery after that
 // for everything else (profiles, xDS pushes). A trim costs the running
 // proxy a few hundred minor faults to map its working set again: well
 // under a millisecond of CPU.
 const (
-	trimDelay    = time.Second
+	trimDelay    = 250 * time.Millisecond
 	trimEarly    = 2 * time.Second
 	trimEarlyFor = time.Minute
 	trimEvery    = time.Minute
@@ -115,15 +115,19 @@ func (t *textTrimmer) stop() {
 	}
 }
 
-// trimmingGatherer trims after each metrics scrape.
-type trimmingGatherer struct {
-	prometheus.Gatherer
+// trimmingListener asks for a trim after each accepted connection: for
+// HBONE (15008) a new connection means a TLS handshake, cold code.
+type trimmingListener struct {
+	net.Listener
 	t *textTrimmer
 }
 
-func (g trimmingGatherer) Gather() ([]*dto.MetricFamily, error) {
-	defer g.t.soon()
-	return g.Gatherer.Gather()
+func (l trimmingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.t.soon()
+	}
+	return c, err
 }
 
 // memLimitFraction of the container limit becomes GOMEMLIMIT.

@@ -122,7 +122,8 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	a.admin = admin.New(admin.Options{Addr: cfg.AdminAddr, Levels: levels, Quit: func() { close(a.quitCh) }, Logger: levels.Logger("admin"), Registerer: a.reg})
 	a.trimmer = newTextTrimmer(levels.Logger("ztunnel"))
 	a.registerDump()
-	a.stats = admin.NewStats(cfg.StatsAddr, trimmingGatherer{a.reg, a.trimmer}, levels.Logger("stats"))
+	a.stats = admin.NewStats(cfg.StatsAddr, a.reg, levels.Logger("stats"))
+	a.stats.OnScrape(a.trimmer.trim)
 	// Stoppers run newest first: admin goes last, after the data path drained.
 	a.stoppers = append(a.stoppers, func(ctx context.Context) {
 		a.trimmer.stop()

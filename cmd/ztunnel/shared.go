@@ -62,6 +62,7 @@ type podServer struct {
 
 func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.WorkloadInfo, ns *inpod.Netns) (inpod.Pod, error) {
 	a := s.a
+	defer a.trimmer.soon() // setting a pod up runs cold code (memory.go)
 	mark := a.cfg.PacketMark
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return ns.Dial(ctx, network, addr, mark)
@@ -122,6 +123,9 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 		if err != nil {
 			pod.Drain(ctx)
 			return nil, err
+		}
+		if l.port == proxy.HBONEPort {
+			ln = trimmingListener{ln, a.trimmer}
 		}
 		l.serve(ln)
 	}

@@ -15,16 +15,31 @@ import (
 
 // Stats serves Prometheus metrics on :15020 at /metrics and, for scrapers
 // configured for Envoy-style proxies, /stats/prometheus.
-type Stats struct{ http *httpServer }
+type Stats struct {
+	http     *httpServer
+	onScrape func() // set before Start; may be nil
+}
 
 // NewStats serves g on addr.
 func NewStats(addr string, g prometheus.Gatherer, log *slog.Logger) *Stats {
-	h := promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: promLogger{orDiscard(log)}})
+	s := &Stats{}
+	prom := promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: promLogger{orDiscard(log)}})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		prom.ServeHTTP(w, r)
+		if s.onScrape != nil {
+			s.onScrape()
+		}
+	})
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", h)
 	mux.Handle("/stats/prometheus", h)
-	return &Stats{http: newHTTPServer("stats", addr, mux, orDiscard(log))}
+	s.http = newHTTPServer("stats", addr, mux, orDiscard(log))
+	return s
 }
+
+// OnScrape sets fn to run after each scrape was answered (ztunnel trims
+// the cold pages a scrape touched). Call it before Start.
+func (s *Stats) OnScrape(fn func()) { s.onScrape = fn }
 
 func (s *Stats) Start() error                       { return s.http.start() }
 func (s *Stats) Addr() net.Addr                     { return s.http.addr() }

@@ -106,7 +106,8 @@
 //	ztunnel_hbone_server_connections         gauge    open HBONE server connections
 //	ztunnel_hbone_server_streams             gauge    CONNECT streams in a Handler
 //	ztunnel_hbone_server_rejects_total       counter  {reason}: method_not_allowed, bad_authority,
-//	                                                  tls_handshake, tls_version, conn_rejected, bad_preface,
+//	                                                  headers_too_large, tls_handshake, tls_version,
+//	                                                  conn_rejected, bad_preface,
 //	                                                  unanswered, and the Handler's Reject reasons
 //	ztunnel_hbone_server_http2_errors_total  counter  {type}: as the pool's
 package hbone

@@ -13,6 +13,7 @@ const (
 	ReasonMethodNotAllowed = "method_not_allowed" // not CONNECT → 405
 	ReasonBadAuthority     = "bad_authority"      // :authority not ip:port → 400
 	ReasonUnanswered       = "unanswered"         // Handler returned without Accept/Reject → 500
+	ReasonHeadersTooLarge  = "headers_too_large"  // header block over the server's limit → 431
 
 	// Server, per connection.
 	ReasonTLSHandshake = "tls_handshake" // handshake failed: no/invalid client cert, plaintext, timeout

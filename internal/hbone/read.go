@@ -332,7 +332,7 @@ func (s *h2stream) onResponse(f *http2.MetaHeadersFrame) {
 		return
 	}
 	code, err := strconv.Atoi(f.PseudoValue("status"))
-	if err != nil || code < 100 || code > 999 {
+	if f.Truncated || err != nil || code < 100 || code > 999 {
 		s.resetWith(http2.ErrCodeProtocol, true, fmt.Errorf("hbone: bad :status %q", f.PseudoValue("status")))
 		return
 	}

@@ -383,6 +383,11 @@ func (s *Server) serveStream(ctx context.Context, cancel context.CancelFunc, sc 
 	defer s.metrics.streamDelta(-1)
 
 	method, authority := mh.PseudoValue("method"), mh.PseudoValue("authority")
+	if mh.Truncated {
+		// Over serverMaxHeaderBytes: the decoder dropped fields.
+		s.rejectEarly(req, method, authority, http.StatusRequestHeaderFieldsTooLarge, ReasonHeadersTooLarge)
+		return
+	}
 	if method != http.MethodConnect {
 		s.rejectEarly(req, method, authority, http.StatusMethodNotAllowed, ReasonMethodNotAllowed)
 		return

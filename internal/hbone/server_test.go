@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -324,5 +325,25 @@ func TestNoFDLeak(t *testing.T) {
 			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
 			t.Log(e.Name(), l)
 		}
+	}
+}
+
+// TestServerRejectsOversizedHeaders: a CONNECT whose header block is over
+// the server's limit gets 431 and a counted reason, not a truncated
+// request handed to the Handler.
+func TestServerRejectsOversizedHeaders(t *testing.T) {
+	called := false
+	e := newEnv(t, func(ctx context.Context, req *Request) { called = true; req.Reject(500, "unexpected") }, envOpts{})
+	hdr := http.Header{"X-Big": {strings.Repeat("a", serverMaxHeaderBytes)}}
+	_, err := e.pool.Connect(testCtx(t), e.key, "10.0.0.1:80", hdr)
+	var se *StatusError
+	if !errors.As(err, &se) || se.Code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("Connect: %v, want status 431", err)
+	}
+	if called {
+		t.Error("Handler was called for a truncated request")
+	}
+	if got := e.metric(t, "ztunnel_hbone_server_rejects_total", ReasonHeadersTooLarge); got != 1 {
+		t.Errorf("rejects_total{%s} = %v, want 1", ReasonHeadersTooLarge, got)
 	}
 }

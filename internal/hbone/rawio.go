@@ -20,29 +20,18 @@ import (
 // (syscall.RawConn), so deadlines and Close work as usual.
 
 // rawRead reads from the non-blocking descriptor fd.
-func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
-	if len(p) == 0 {
-		return 0, 0
-	}
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 {
-			return 0, e
-		}
-		return int(n), 0
-	}
-}
+func rawRead(fd uintptr, p []byte) (int, syscall.Errno) { return rawIOCall(syscall.SYS_READ, fd, p) }
 
 // rawWrite writes to the non-blocking descriptor fd.
-func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
+func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) { return rawIOCall(syscall.SYS_WRITE, fd, p) }
+
+// rawIOCall makes the read or write syscall trap on fd, retrying EINTR.
+func rawIOCall(trap, fd uintptr, p []byte) (int, syscall.Errno) {
 	if len(p) == 0 {
 		return 0, 0
 	}
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		n, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		if e == syscall.EINTR {
 			continue
 		}

@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,5 +111,25 @@ func TestReadOnlyMappings(t *testing.T) {
 	want := []region{{0x400000, 0xcf1000}, {0xcf1000, 0x1799000}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("mappings = %x, want %x (writable and other files excluded)", got, want)
+	}
+}
+
+func TestSetWorkerThreads(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	log := slog.New(slog.DiscardHandler)
+	if got := setWorkerThreads(nil, 3, log); got != 3 || runtime.GOMAXPROCS(0) != 3 {
+		t.Errorf("configured 3: got %d, GOMAXPROCS %d", got, runtime.GOMAXPROCS(0))
+	}
+	runtime.GOMAXPROCS(8)
+	if got := setWorkerThreads(nil, 0, log); got != defaultWorkerThreads {
+		t.Errorf("default on 8 Ps: got %d, want %d", got, defaultWorkerThreads)
+	}
+	runtime.GOMAXPROCS(1)
+	if got := setWorkerThreads(nil, 0, log); got != 1 {
+		t.Errorf("default under a 1-CPU runtime: got %d, want 1 (never above the runtime's choice)", got)
+	}
+	runtime.GOMAXPROCS(5)
+	if got := setWorkerThreads([]string{"GOMAXPROCS=5"}, 3, log); got != 5 {
+		t.Errorf("explicit GOMAXPROCS: got %d, want it kept (5)", got)
 	}
 }

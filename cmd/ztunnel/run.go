@@ -58,6 +58,7 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 		return err
 	}
 	setMemoryLimit(environ, a.log)
+	setWorkerThreads(environ, cfg.WorkerThreads, a.log)
 	// Start-up is done: drop the code pages only it needed (memory.go).
 	a.trimmer.trim()
 	<-a.quit(ctx)

@@ -3,9 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -126,6 +128,11 @@ type Config struct {
 	SelfName           string
 	SelfServiceAccount string
 
+	// WorkerThreads is how many threads run the proxy at once
+	// (ZTUNNEL_WORKER_THREADS: a count, or "N%" of ZTUNNEL_CPU_LIMIT or
+	// of the logical CPUs); 0 when unset, meaning upstream's default of 2.
+	WorkerThreads int
+
 	PoolMaxStreamsPerConn int
 	PoolUnusedRelease     time.Duration
 	StreamWindowSize      uint32
@@ -230,6 +237,7 @@ func Parse(environ []string) (*Config, error) {
 	c.SelfName = p.str("POD_NAME", "")
 	c.SelfServiceAccount = p.str("SERVICE_ACCOUNT", "")
 
+	c.WorkerThreads = p.workerThreads()
 	c.PoolMaxStreamsPerConn = int(p.uint("POOL_MAX_STREAMS_PER_CONNECTION", defaultPoolMaxStreams, 1, 1<<16-1))
 	c.PoolUnusedRelease = p.duration("POOL_UNUSED_RELEASE_TIMEOUT", defaultPoolIdle)
 	c.StreamWindowSize = uint32(p.uint("HTTP2_STREAM_WINDOW_SIZE", defaultStreamWindow, 1<<16-1, 1<<31-1))
@@ -328,6 +336,32 @@ func (p *parser) uint(name string, def, min, max uint64) uint64 {
 		return def
 	}
 	return n
+}
+
+// workerThreads reads ZTUNNEL_WORKER_THREADS as upstream does: a count
+// (≥ 1), or a percentage (0 < N ≤ 100, rounded up, at least 1) of
+// ZTUNNEL_CPU_LIMIT or, without it, the logical CPUs.
+func (p *parser) workerThreads() int {
+	const name = "ZTUNNEL_WORKER_THREADS"
+	v, ok := p.get(name)
+	if !ok {
+		return 0
+	}
+	if pct, isPct := strings.CutSuffix(v, "%"); isPct {
+		f, err := strconv.ParseFloat(pct, 64)
+		if err != nil || !(f > 0 && f <= 100) {
+			p.failVar(name, v, "a percentage must be above 0 and at most 100")
+			return 0
+		}
+		cpus := int(p.uint("ZTUNNEL_CPU_LIMIT", uint64(runtime.NumCPU()), 1, 1<<16))
+		return max(1, int(math.Ceil(float64(cpus)*f/100)))
+	}
+	n, err := strconv.ParseUint(v, 10, 16)
+	if err != nil || n < 1 {
+		p.failVar(name, v, "must be an integer of at least 1 or a percentage such as 50%")
+		return 0
+	}
+	return int(n)
 }
 
 // duration accepts Go durations ("90s", "5m") and, as upstream's parser

@@ -115,6 +115,9 @@ func TestBadValues(t *testing.T) {
 		{"ca address no port", []string{"CA_ADDRESS=https://istiod"}, `config: CA_ADDRESS="https://istiod": must be empty or a URL of the form https://host:port (http:// for plaintext)`},
 		{"max streams zero", []string{"POOL_MAX_STREAMS_PER_CONNECTION=0"}, `config: POOL_MAX_STREAMS_PER_CONNECTION="0": must be an integer from 1 to 65535`},
 		{"max streams text", []string{"POOL_MAX_STREAMS_PER_CONNECTION=many"}, `config: POOL_MAX_STREAMS_PER_CONNECTION="many": must be an integer from 1 to 65535`},
+		{"worker threads zero", []string{"ZTUNNEL_WORKER_THREADS=0"}, `config: ZTUNNEL_WORKER_THREADS="0": must be an integer of at least 1 or a percentage such as 50%`},
+		{"worker threads percent", []string{"ZTUNNEL_WORKER_THREADS=150%"}, `config: ZTUNNEL_WORKER_THREADS="150%": a percentage must be above 0 and at most 100`},
+		{"cpu limit", []string{"ZTUNNEL_WORKER_THREADS=50%", "ZTUNNEL_CPU_LIMIT=none"}, `config: ZTUNNEL_CPU_LIMIT="none": must be an integer from 1 to 65536`},
 		{"idle timeout", []string{"POOL_UNUSED_RELEASE_TIMEOUT=-1s"}, `config: POOL_UNUSED_RELEASE_TIMEOUT="-1s": must be a positive duration such as "30s" or "5m"`},
 		{"grace period", []string{"TERMINATION_GRACE_PERIOD_SECONDS=soon"}, `config: TERMINATION_GRACE_PERIOD_SECONDS="soon": must be a whole number of seconds`},
 		{"packet mark", []string{"PACKET_MARK=0x1ffffffff"}, `config: PACKET_MARK="0x1ffffffff": must be an integer from 0 to 4294967295`},
@@ -178,6 +181,30 @@ func TestDNS(t *testing.T) {
 			}
 			if c.DNSCapture != tc.capture || c.DNSProxyAddr != tc.addr || c.DNSResolvConf != tc.resolv {
 				t.Errorf("got capture %v addr %q resolv %q, want %v %q %q", c.DNSCapture, c.DNSProxyAddr, c.DNSResolvConf, tc.capture, tc.addr, tc.resolv)
+			}
+		})
+	}
+}
+
+func TestWorkerThreads(t *testing.T) {
+	cases := []struct {
+		name string
+		env  []string
+		want int
+	}{
+		{"unset: upstream's default applies later", nil, 0},
+		{"count", []string{"ZTUNNEL_WORKER_THREADS=4"}, 4},
+		{"percent of the CPU limit, rounded up", []string{"ZTUNNEL_WORKER_THREADS=25%", "ZTUNNEL_CPU_LIMIT=10"}, 3},
+		{"percent, at least one", []string{"ZTUNNEL_WORKER_THREADS=1%", "ZTUNNEL_CPU_LIMIT=2"}, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(append([]string{"XDS_ADDRESS=", "FAKE_CA=true"}, tc.env...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.WorkerThreads != tc.want {
+				t.Errorf("WorkerThreads = %d, want %d", c.WorkerThreads, tc.want)
 			}
 		})
 	}

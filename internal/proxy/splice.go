@@ -84,7 +84,7 @@ func (s *splicer) fill(fd uintptr) bool {
 		}
 		s.p = p
 	}
-	n, err := unix.Splice(int(fd), nil, s.p.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	n, err := rawSplice(int(fd), s.p.w, spliceChunk)
 	switch {
 	case err == syscall.EINTR:
 		return s.fill(fd)
@@ -102,7 +102,7 @@ func (s *splicer) fill(fd uintptr) bool {
 // drain moves the pipe's bytes into dst.
 func (s *splicer) drain(fd uintptr) bool {
 	for s.inPipe > 0 {
-		n, err := unix.Splice(s.p.r, nil, int(fd), nil, s.inPipe, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		n, err := rawSplice(s.p.r, int(fd), s.inPipe)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -115,6 +115,18 @@ func (s *splicer) drain(fd uintptr) bool {
 		s.inPipe -= int(n)
 	}
 	return true
+}
+
+// rawSplice moves up to n bytes from in to out without blocking. It is a
+// RawSyscall, like hbone's socket I/O: a non-blocking call needs none of
+// the runtime's syscall bookkeeping, whose first use after the process
+// went idle wakes the sysmon thread (a context switch per request).
+func rawSplice(in, out, n int) (int, error) {
+	r, _, e := syscall.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
 }
 
 // release returns the pipe; one that still holds bytes (an error cut the

@@ -78,7 +78,10 @@ func startEchoProcess(t *testing.T, p *demo.MeshPod, port int) {
 	}
 }
 
-// rss returns a process's resident set in MiB.
+// rss returns a process's anonymous resident memory in MiB (RssAnon: heap,
+// stacks, runtime). File-backed text pages are left out: ztunnel drops and
+// re-faults them on purpose (cmd/ztunnel/memory.go), so VmRSS swings by
+// megabytes with no change in what the process holds.
 func rss(t *testing.T, pid int) float64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -86,9 +89,9 @@ func rss(t *testing.T, pid int) float64 {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
+		if strings.HasPrefix(l, "RssAnon:") {
 			var kb float64
-			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "VmRSS:"), "kB")), &kb)
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "RssAnon:"), "kB")), &kb)
 			return kb / 1024
 		}
 	}

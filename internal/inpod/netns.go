@@ -275,9 +275,10 @@ func DialFrom(src netip.Addr) DialOption {
 }
 
 // Dial connects from inside n, with SO_MARK mark (0: none) so the pod's
-// redirect rules let the connection out instead of capturing it again. The
-// whole dial runs on the namespace thread; with a literal address it makes
-// exactly one socket.
+// redirect rules let the connection out instead of capturing it again. A
+// literal ip:port (every dial ztunnel makes) creates its socket on the
+// namespace thread and connects outside it (dial.go); anything else runs
+// the whole dial on the namespace thread.
 func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opts ...DialOption) (net.Conn, error) {
 	var d net.Dialer
 	cs := []sockopt.Control{sockopt.Mark(mark)}
@@ -286,10 +287,19 @@ func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opt
 	}
 	d.Control = sockopt.Chain(cs...)
 	var c net.Conn
-	err := n.Do(func() (err error) {
-		c, err = d.DialContext(ctx, network, addr)
-		return err
-	})
+	var err error
+	if ap, perr := netip.ParseAddrPort(addr); perr == nil && (network == "tcp" || network == "tcp4" || network == "tcp6") {
+		var local *net.TCPAddr
+		if d.LocalAddr != nil {
+			local = d.LocalAddr.(*net.TCPAddr)
+		}
+		c, err = n.dialLiteral(ctx, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), local, d.Control)
+	} else {
+		err = n.Do(func() (err error) {
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("inpod: dial %s %s from %s: %w", network, addr, n.id, err)
 	}

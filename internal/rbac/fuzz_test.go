@@ -1,6 +1,7 @@
 package rbac
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 
@@ -28,6 +29,14 @@ func FuzzEvaluate(f *testing.F) {
 		f.Add(b, []byte{10, 1, 2, 3}, []byte{10, 0, 0, 1}, uint16(80), "spiffe://cluster.local/ns/a/sa/b")
 	}
 	f.Add([]byte{0x2a, 0x03, 0x0a, 0x01, 0x12}, []byte{}, make([]byte, 16), uint16(0), "")
+	// Malformed entries: a 3-byte CIDR in a DENY, a port above 65535 in an ALLOW.
+	for _, s := range []*securitypb.Authorization{
+		single(deny, &securitypb.Match{SourceIps: []*securitypb.Address{{Address: []byte{10, 0, 0}, Length: 8}}}),
+		single(allow, &securitypb.Match{DestinationPorts: []uint32{70000, 80}}),
+	} {
+		b, _ := proto.Marshal(s)
+		f.Add(b, []byte{10, 0, 0, 1}, []byte{10, 0, 0, 2}, uint16(80), "")
+	}
 	f.Fuzz(func(t *testing.T, data, src, dst []byte, port uint16, id string) {
 		var a securitypb.Authorization
 		if err := proto.Unmarshal(data, &a); err != nil {
@@ -35,10 +44,22 @@ func FuzzEvaluate(f *testing.F) {
 		}
 		p, err := Compile(&a)
 		if err != nil {
-			if p != nil {
-				t.Fatalf("Compile returned a policy and %v", err)
+			// A malformed resource yields no policy; a malformed entry
+			// yields the fail-closed one, which is evaluated below.
+			var ce *CompileError
+			if !errors.As(err, &ce) {
+				t.Fatalf("Compile error %v is not a *CompileError", err)
 			}
-			return
+			whole := ce.Reason == ReasonNilPolicy || ce.Reason == ReasonUnknownScope || ce.Reason == ReasonUnknownAction
+			if whole != (p == nil) {
+				t.Fatalf("Compile returned policy %v with %v", p != nil, err)
+			}
+			if p == nil {
+				return
+			}
+			if len(p.Unevaluable()) == 0 {
+				t.Fatalf("fail-closed policy for %v lists nothing unevaluable", err)
+			}
 		}
 		srcIP, _ := netip.AddrFromSlice(src)
 		dstIP, _ := netip.AddrFromSlice(dst)

@@ -158,4 +158,3 @@ func (s *h2stream) takeDoneLocked() (func(error), error) {
 	s.sink = nil
 	return k.done, err
 }
-

@@ -23,6 +23,9 @@
 // complete") and one update of the istio_tcp_* metrics at close. Inbound
 // connections stay tracked so a policy change that now denies them closes
 // them (Reevaluate), and so a drain can wait for them and then force them.
+// A drain also waits for connections still being set up; at its deadline
+// it cancels their upstream connects, and one that completes afterwards is
+// closed at once rather than left running untracked.
 //
 // Metrics: istio_tcp_connections_opened_total, istio_tcp_connections_closed_total,
 // istio_tcp_connections_failed_total, istio_tcp_sent_bytes_total,

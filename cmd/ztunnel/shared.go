@@ -30,6 +30,10 @@ func (a *app) startShared(ctx context.Context) error {
 				ready()
 			}
 		},
+		// Readiness names why the snapshot is missing: the last ZDS error.
+		OnConnectError: func(err error) {
+			a.ready.SetDetail("inpod snapshot", "ZDS "+err.Error())
+		},
 		Logger:     a.levels.Logger("inpod"),
 		Registerer: a.reg,
 	})

@@ -46,6 +46,10 @@ type Options struct {
 	// readiness changes: true once a connection's snapshot is in and every
 	// pod's proxy started, false when the connection drops or a start fails.
 	OnReady func(ready bool)
+	// OnConnectError, if not nil, is called from the client goroutine each
+	// time connecting to the agent, or a session with it, fails; readiness
+	// uses it to say why the snapshot has not arrived.
+	OnConnectError func(err error)
 	// Logger may be nil (discard).
 	Logger *slog.Logger
 	// Registerer may be nil (no metrics).
@@ -56,11 +60,12 @@ type Options struct {
 // pods and runs their proxies through the PodServer.
 type Client struct {
 	// immutable after New
-	path    string
-	log     *slog.Logger
-	onReady func(bool)
-	metrics *metrics
-	state   *stateManager
+	path           string
+	log            *slog.Logger
+	onReady        func(bool)
+	onConnectError func(error)
+	metrics        *metrics
+	state          *stateManager
 	// timings, shortened by tests
 	backoffMin, backoffMax, retryInterval time.Duration
 
@@ -91,7 +96,7 @@ func New(opts Options) (*Client, error) {
 	}
 	nsOpts := opts.Netns
 	c := &Client{
-		path: opts.UDSPath, log: log, onReady: opts.OnReady, metrics: m,
+		path: opts.UDSPath, log: log, onReady: opts.OnReady, onConnectError: opts.OnConnectError, metrics: m,
 		state: newStateManager(opts.PodServer, log, m, func(fd int) (*Netns, error) {
 			return NewNetns(fd, nsOpts)
 		}),
@@ -148,6 +153,9 @@ func (c *Client) Run(ctx context.Context) error {
 		if err != nil {
 			c.log.Warn("connection to the Istio CNI node agent failed; is the node agent healthy?",
 				"path", c.path, "err", err, "retry_in", wait)
+			if c.onConnectError != nil {
+				c.onConnectError(err)
+			}
 		}
 		if !sleep(ctx, jitter(wait)) {
 			break

@@ -63,7 +63,13 @@ func pipe(down, up net.Conn, counts *counters) error {
 		err = copyDir(up, down, &counts.received)
 	} else {
 		go func() {
-			errc <- copyDir(up, down, &counts.received)
+			err := copyDir(up, down, &counts.received)
+			if err != nil {
+				// The other direction may be blocked reading a silent
+				// peer: unblock it.
+				abort(down, up)
+			}
+			errc <- err
 		}()
 		err = copyDir(down, up, &counts.sent)
 	}

@@ -116,3 +116,40 @@ func TestPipeResetPropagates(t *testing.T) {
 		t.Fatalf("client read err = %v, want a reset", err)
 	}
 }
+
+// TestPipeClientResetWithSilentServer: the client resets while the server
+// says nothing; the direction blocked reading the server must end too, so
+// the handler and both sockets are released (spliced and buffered copies).
+func TestPipeClientResetWithSilentServer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap func(*net.TCPConn) net.Conn
+	}{
+		{"spliced", func(c *net.TCPConn) net.Conn { return c }},
+		{"buffered", func(c *net.TCPConn) net.Conn { return onlyConn{c} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			appClient, down := tcpPair(t)
+			up, appServer := tcpPair(t)
+			defer appServer.Close()
+			var cnt counters
+			errc := make(chan error, 1)
+			go func() { errc <- pipe(tc.wrap(down), tc.wrap(up), &cnt) }()
+			appClient.Write([]byte("x"))
+			buf := make([]byte, 1)
+			if _, err := io.ReadFull(appServer, buf); err != nil {
+				t.Fatal(err)
+			}
+			appClient.SetLinger(0)
+			appClient.Close() // RST towards the proxy; the server stays silent
+			select {
+			case err := <-errc:
+				if err == nil {
+					t.Fatal("pipe returned nil after the client reset")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("pipe still running 5 s after the client reset, the server silent")
+			}
+		})
+	}
+}

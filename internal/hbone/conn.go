@@ -58,8 +58,8 @@ type conn struct {
 	// Writer, guarded by wmu.
 	wmu      sync.Mutex
 	wcond    sync.Cond // L = &wmu: room in wbuf, or a flush ended
-	wbuf     []byte    // frames waiting for the flusher
-	spare    []byte    // the other half of the double buffer
+	wbuf     *[]byte   // frames waiting for the flusher; nil while idle
+	spare    *[]byte   // the other half of the double buffer
 	flushing bool      // a goroutine is writing to the socket
 	werr     error     // sticky: the connection can no longer write
 	wfr      *http2.Framer
@@ -172,12 +172,42 @@ func newConn(w wire, o connOptions) *conn {
 	return c
 }
 
+// writeBufs holds the write buffers of connections that are not
+// writing. A buffer that a burst grew past maxWriteBuf is dropped.
+var writeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*maxPending+frameHeaderLen); return &b }}
+
+const maxWriteBuf = 4 * maxPending
+
+// appendLocked adds p to the pending frames, taking a buffer from the pool
+// if the connection holds none. Called with wmu held.
+func (c *conn) appendLocked(p []byte) {
+	if c.wbuf == nil {
+		c.wbuf = writeBufs.Get().(*[]byte)
+	}
+	*c.wbuf = append(*c.wbuf, p...)
+}
+
+// pendingLocked is how many bytes wait for the flusher.
+func (c *conn) pendingLocked() int {
+	if c.wbuf == nil {
+		return 0
+	}
+	return len(*c.wbuf)
+}
+
+func putWriteBuf(b *[]byte) {
+	if b != nil && cap(*b) <= maxWriteBuf {
+		*b = (*b)[:0]
+		writeBufs.Put(b)
+	}
+}
+
 // pendingWriter appends the control frames the write Framer produces to
 // wbuf; it is used only with wmu held.
 type pendingWriter struct{ c *conn }
 
 func (w pendingWriter) Write(p []byte) (int, error) {
-	w.c.wbuf = append(w.c.wbuf, p...)
+	w.c.appendLocked(p)
 	return len(p), nil
 }
 
@@ -185,7 +215,7 @@ func (w pendingWriter) Write(p []byte) (int, error) {
 // window, in one write.
 func (c *conn) startClient() error {
 	return c.writeControl(false, func() {
-		c.wbuf = append(c.wbuf, http2.ClientPreface...)
+		c.appendLocked([]byte(http2.ClientPreface))
 		c.writeSettingsLocked(
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
 			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
@@ -248,7 +278,7 @@ func (c *conn) err() error {
 // it is appended for the goroutine writing now.
 func (c *conn) writeFrame(buf []byte) error {
 	c.wmu.Lock()
-	for c.werr == nil && c.flushing && len(c.wbuf) >= maxPending {
+	for c.werr == nil && c.flushing && c.pendingLocked() >= maxPending {
 		c.wcond.Wait()
 	}
 	if c.werr != nil {
@@ -257,7 +287,7 @@ func (c *conn) writeFrame(buf []byte) error {
 		return err
 	}
 	if c.flushing {
-		c.wbuf = append(c.wbuf, buf...)
+		c.appendLocked(buf)
 		c.wmu.Unlock()
 		return nil
 	}
@@ -308,18 +338,23 @@ func (c *conn) kickLocked(async bool) error {
 // goroutine's turn as the writer. It is called with wmu held and
 // flushing set, and returns with wmu released.
 func (c *conn) flushLocked(err error) error {
-	for err == nil && c.werr == nil && len(c.wbuf) > 0 {
+	for err == nil && c.werr == nil && c.pendingLocked() > 0 {
 		buf := c.wbuf
-		c.wbuf = c.spare[:0]
+		c.wbuf, c.spare = c.spare, nil
 		c.wcond.Broadcast() // room in wbuf again
 		c.wmu.Unlock()
-		_, err = c.w.Write(buf)
+		_, err = c.w.Write(*buf)
 		c.wmu.Lock()
-		if cap(buf) <= 4*maxPending {
-			c.spare = buf[:0]
-		} else {
-			c.spare = nil // a burst grew it: don't keep it
-		}
+		*buf = (*buf)[:0]
+		c.spare = buf
+	}
+	// Nothing pending: give the buffers back, so an idle connection holds
+	// none (a burst of many streams can grow them to hundreds of KiB).
+	putWriteBuf(c.spare)
+	c.spare = nil
+	if c.pendingLocked() == 0 {
+		putWriteBuf(c.wbuf)
+		c.wbuf = nil
 	}
 	if err != nil && c.werr == nil {
 		c.werr = fmt.Errorf("hbone: write: %w", err)

@@ -14,7 +14,7 @@ import (
 // the connection's only reader and closes the connection on return.
 func (c *conn) readLoop() {
 	for {
-		f, err := c.rfr.ReadFrame()
+		f, err := c.readFrame()
 		if err != nil {
 			var se http2.StreamError
 			if errors.As(err, &se) {
@@ -23,7 +23,10 @@ func (c *conn) readLoop() {
 				continue
 			}
 			var ce http2.ConnectionError
+			var own connError
 			switch {
+			case errors.As(err, &own):
+				c.fatal(own.code, err)
 			case errors.As(err, &ce):
 				c.fatal(http2.ErrCode(ce), fmt.Errorf("hbone: read frame: %w (%v)", err, c.rfr.ErrorDetail()))
 			case errors.Is(err, http2.ErrFrameTooLarge):
@@ -36,6 +39,9 @@ func (c *conn) readLoop() {
 			return
 		}
 		c.readCount.Add(1)
+		if f == nil {
+			continue // a DATA frame, handled by readFrame
+		}
 		if err := c.dispatch(f); err != nil {
 			var ce connError
 			if errors.As(err, &ce) {
@@ -46,6 +52,45 @@ func (c *conn) readLoop() {
 			return
 		}
 	}
+}
+
+// readFrame reads the next frame. DATA frames are read here into a pooled
+// buffer and handed to their stream (f is nil then): through the Framer
+// they would land in its read buffer, which grows to the largest frame
+// ever read and stays that large for the life of the connection, so an
+// idle pooled connection that once carried bulk traffic would keep it.
+// Every other frame goes through the Framer (validation, header blocks).
+func (c *conn) readFrame() (http2.Frame, error) {
+	fh, err := c.rfr.ReadFrameHeader()
+	if err != nil {
+		return nil, err
+	}
+	if fh.Type != http2.FrameData {
+		return c.rfr.ReadFrameForHeader(fh)
+	}
+	if fh.Length > maxFrameSize {
+		return nil, http2.ErrFrameTooLarge
+	}
+	if fh.StreamID == 0 {
+		return nil, connError{http2.ErrCodeProtocol, "DATA frame on stream 0"}
+	}
+	b := getBuf(int(fh.Length))
+	defer putBuf(b)
+	p := (*b)[:fh.Length]
+	if _, err := io.ReadFull(c.br, p); err != nil {
+		return nil, err
+	}
+	data := p
+	if fh.Flags.Has(http2.FlagDataPadded) {
+		if len(p) == 0 || int(p[0]) >= len(p) {
+			return nil, connError{http2.ErrCodeProtocol, "DATA padding longer than the frame"}
+		}
+		data = p[1 : len(p)-int(p[0])]
+	}
+	if err := c.onDataFrame(fh.StreamID, data, int64(fh.Length), fh.Flags.Has(http2.FlagDataEndStream)); err != nil {
+		return nil, err
+	}
+	return nil, nil
 }
 
 // connError is a protocol violation that ends the connection.
@@ -77,8 +122,6 @@ func (c *conn) dispatch(f http2.Frame) error {
 		}
 	}
 	switch f := f.(type) {
-	case *http2.DataFrame:
-		return c.onData(f)
 	case *http2.MetaHeadersFrame:
 		return c.onHeaders(f)
 	case *http2.SettingsFrame:
@@ -258,27 +301,30 @@ func (c *conn) onStreamError(id uint32, code http2.ErrCode) {
 	_ = c.writeControl(true, func() { _ = c.wfr.WriteRSTStream(id, code) })
 }
 
-func (c *conn) onData(f *http2.DataFrame) error {
-	n := int64(f.Length) // padding counts against flow control too
+func (c *conn) onDataFrame(id uint32, data []byte, flow int64, end bool) error {
 	c.mu.Lock()
-	if n > c.recvWin {
+	if !c.client && !c.gotSettings {
+		c.mu.Unlock()
+		return connError{http2.ErrCodeProtocol, "first frame is not SETTINGS"}
+	}
+	if flow > c.recvWin {
 		c.mu.Unlock()
 		return connError{http2.ErrCodeFlowControl, "peer overran the connection window"}
 	}
-	c.recvWin -= n
-	s := c.streams[f.StreamID]
+	c.recvWin -= flow
+	s := c.streams[id]
 	c.mu.Unlock()
 	if s == nil {
-		if err := c.checkKnownID(f.StreamID); err != nil {
+		if err := c.checkKnownID(id); err != nil {
 			return err
 		}
 		// A stream we already finished: give the window back, and tell
 		// the peer to stop if it keeps sending.
-		c.credit(nil, 0, n, true)
-		_ = c.writeControl(true, func() { _ = c.wfr.WriteRSTStream(f.StreamID, http2.ErrCodeStreamClosed) })
+		c.credit(nil, 0, flow, true)
+		_ = c.writeControl(true, func() { _ = c.wfr.WriteRSTStream(id, http2.ErrCodeStreamClosed) })
 		return nil
 	}
-	s.onData(f.Data(), n, f.StreamEnded())
+	s.onData(data, flow, end)
 	return nil
 }
 

@@ -85,17 +85,32 @@ const (
 	bigUpstreamN = 60
 )
 
+// udpTCPPair listens on one 127.0.0.1 port for both UDP and TCP, as a
+// resolver does. The port comes from the UDP bind; if another test's TCP
+// socket already holds it, another port is tried.
+func udpTCPPair(t testing.TB) (net.PacketConn, net.Listener) {
+	t.Helper()
+	var last error
+	for range 20 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln
+		}
+		pc.Close()
+		last = err
+	}
+	t.Fatalf("no port free for both UDP and TCP: %v", last)
+	return nil, nil
+}
+
 func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{queries: make(chan string, 1000)}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := udpTCPPair(t)
 	u.addr = pc.LocalAddr().String()
 	h := func(proto string) mdns.HandlerFunc {
 		return func(w mdns.ResponseWriter, r *mdns.Msg) {
@@ -175,14 +190,7 @@ func refusingUpstream(t testing.TB) string {
 // dropped; TCP accepted and left open).
 func silentUpstream(t testing.TB) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := udpTCPPair(t)
 	done := make(chan struct{}, 2)
 	go func() {
 		defer func() { done <- struct{}{} }()

@@ -17,9 +17,14 @@
 // Every upstream socket carries the in-pod mark (0x539) through the Dial
 // the caller passes, so the pod's own rules do not capture it again.
 //
-// Bytes are copied with splice between two TCP sockets and with pooled
-// buffers that grow for bulk traffic otherwise; half-close and resets are
-// propagated. Each connection produces one access-log line ("connection
+// Bytes are copied with splice between two TCP sockets (splice.go: a pipe
+// is borrowed only while bytes move, so an idle copy holds none); between a
+// socket and an HBONE stream the stream copies itself (hbone's CopyFrom and
+// StartCopyTo: no buffer while idle and no goroutine for the stream →
+// socket direction), so an idle proxied connection costs one parked
+// goroutine; anything else uses pooled buffers that grow for bulk
+// traffic. Half-close and resets are propagated; a failure in either
+// direction aborts both. Each connection produces one access-log line ("connection
 // complete") and one update of the istio_tcp_* metrics at close. Inbound
 // connections stay tracked so a policy change that now denies them closes
 // them (Reevaluate), and so a drain can wait for them and then force them.

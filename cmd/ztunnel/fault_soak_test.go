@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,23 +184,34 @@ func TestFaultSoak(t *testing.T) {
 		}
 	})
 
-	// After warm-up: the high-water mark of three samples 2 s apart (RSS
-	// moves by a few hundred KiB with what the runtime has yet to return).
-	time.Sleep(warmup - 4*time.Second)
-	warm := measure()
-	for range 2 {
-		time.Sleep(2 * time.Second)
-		if w := measure(); w.rss > warm.rss {
-			warm = w
+	// RSS is compared as the median of three samples 2 s apart, after
+	// warm-up and again at the end, both under load: one sample moves by
+	// several hundred KiB with what the runtime has yet to return and with
+	// the pod being added or removed at that moment, while a leak moves
+	// every sample.
+	median3 := func() sample {
+		ss := make([]sample, 3)
+		for i := range ss {
+			if i > 0 {
+				time.Sleep(2 * time.Second)
+			}
+			ss[i] = measure()
 		}
+		sort.Slice(ss, func(a, b int) bool { return ss[a].rss < ss[b].rss })
+		return ss[1]
 	}
+	time.Sleep(warmup - 4*time.Second)
+	warm := median3()
 	series := []string{fmt.Sprintf("%.1f/%.1f", warm.rss, warm.heap)}
 	var end sample
-	for range soak / (10 * time.Second) { // 5 samples, the last at the end
+	for range soak/(10*time.Second) - 1 { // 4 samples, then the end's three
 		time.Sleep(10 * time.Second)
-		end = measure()
-		series = append(series, fmt.Sprintf("%.1f/%.1f", end.rss, end.heap))
+		s := measure()
+		series = append(series, fmt.Sprintf("%.1f/%.1f", s.rss, s.heap))
 	}
+	time.Sleep(6 * time.Second)
+	end = median3()
+	series = append(series, fmt.Sprintf("%.1f/%.1f", end.rss, end.heap))
 	close(stop)
 	wg.Wait()
 	var idle sample
@@ -224,7 +236,7 @@ func TestFaultSoak(t *testing.T) {
 	}
 	t.Logf("fault soak: %v: bulk=%d MiB requests=%d (1 KiB each way) conns=%d pods_cycled=%d failures=%d",
 		warmup+soak, bulkBytes.Load()>>20, requests.Load(), connsMade.Load(), podsCycled.Load(), reqFailed.Load()+bulkFailed.Load())
-	t.Logf("fault soak: rss_anon/live heap every 10 s: %v MiB", series)
+	t.Logf("fault soak: rss_anon/live heap every 10 s (first and last: medians of three 2 s apart): %v MiB", series)
 	t.Logf("fault soak: rss_anon %.1f MiB after warm-up → %.1f MiB at end (%+.1f%%); idle before→after: fds %d→%d goroutines %v→%v hbone_conns %v→%v",
 		warm.rss, end.rss, 100*(end.rss-warm.rss)/warm.rss, idle0.fds, idle.fds, idle0.goroutines, idle.goroutines, idle0.hbc, idle.hbc)
 }

@@ -33,30 +33,7 @@ func TestHelperEchoProcess(t *testing.T) {
 		os.Exit(1)
 	}
 	fmt.Println("listening")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				// A plain loop: io.Copy(c, c) would splice a socket into itself.
-				buf := make([]byte, 16<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				c.Close()
-			}()
-		}
-	}()
+	go echoConns(ln)
 	io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
 }

@@ -17,6 +17,32 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/nstest"
 )
 
+// echoConns echoes every connection ln accepts until ln is closed, with a
+// plain read/write loop: io.Copy(c, c) would splice a socket into itself.
+func echoConns(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			buf := make([]byte, 16<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if _, werr := c.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+			c.Close()
+		}()
+	}
+}
+
 // echo serves a plain echo on port in p until the test ends.
 func echo(t *testing.T, p *nstest.Pod, port int) {
 	t.Helper()
@@ -25,29 +51,7 @@ func echo(t *testing.T, p *nstest.Pod, port int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				buf := make([]byte, 4096)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				c.Close()
-			}()
-		}
-	}()
+	go echoConns(ln)
 }
 
 // TestFaultSoak: 60 s of mixed traffic through one in-pod ztunnel — a bulk

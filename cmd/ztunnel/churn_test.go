@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/ztunnel-go/ztunnel/internal/inpod/zdspb"
 )
 
 func procCount(t *testing.T, pid int, dir string) int {
@@ -85,14 +83,8 @@ func TestPodChurnWhileTrafficFlows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := os.Open(p.Path())
-		if err != nil {
-			t.Fatal(err)
-		}
 		uid := fmt.Sprintf("uid-ch%d", i)
-		err = n.cni.AddPod(ctx, uid, &zdspb.WorkloadInfo{Name: fmt.Sprintf("ch%d", i), Namespace: "d", ServiceAccount: "churn"}, f)
-		f.Close()
-		if err != nil {
+		if err := n.enroll(ctx, p, uid, fmt.Sprintf("ch%d", i), "churn"); err != nil {
 			t.Fatalf("add pod %d: %v", i, err)
 		}
 		if err := n.cni.RemovePod(ctx, uid); err != nil {

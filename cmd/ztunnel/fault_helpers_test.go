@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/internal/inpod/zdspb"
 	"github.com/ztunnel-go/ztunnel/internal/nstest"
 	"github.com/ztunnel-go/ztunnel/internal/xds/workloadpb"
 	"github.com/ztunnel-go/ztunnel/internal/xds/xdstest"
@@ -42,6 +44,17 @@ func newXDSInpodNode(t *testing.T, prefix string, env ...string) (*inpodNode, *x
 		return metricSum(scrape(t, n.node.NS), "ztunnel_xds_resources") >= 2
 	})
 	return n, srv
+}
+
+// enroll hands pod p to ztunnel through the CNI emulator (ZDS add with the
+// pod's netns FD), as workload namespace d / name with service account sa.
+func (n *inpodNode) enroll(ctx context.Context, p *nstest.Pod, uid, name, sa string) error {
+	f, err := os.Open(p.Path())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return n.cni.AddPod(ctx, uid, &zdspb.WorkloadInfo{Name: name, Namespace: "d", ServiceAccount: sa}, f)
 }
 
 // sinkOnce sends msg from cl to the sink on sv:7100 and checks the reply

@@ -4,14 +4,12 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/cniemu"
-	"github.com/ztunnel-go/ztunnel/internal/inpod/zdspb"
 )
 
 // TestFaultPodRemovedMidStream: a pod holds 1,000 connections through
@@ -40,13 +38,7 @@ func TestFaultPodRemovedMidStream(t *testing.T) {
 	if err := cniemu.InstallRedirect(bz.Path(), cniemu.RedirectOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(bz.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = n.cni.AddPod(ctx, "uid-bz", &zdspb.WorkloadInfo{Name: "bz", Namespace: "d", ServiceAccount: "bz"}, f)
-	f.Close()
-	if err != nil {
+	if err := n.enroll(ctx, bz, "uid-bz", "bz", "bz"); err != nil {
 		t.Fatal(err)
 	}
 	dst := netip.AddrPortFrom(n.sv.IP, 7100).String()

@@ -6,14 +6,12 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel/internal/inpod/zdspb"
 	"github.com/ztunnel-go/ztunnel/internal/nstest"
 )
 
@@ -174,12 +172,10 @@ func TestFaultSoak(t *testing.T) {
 				note(&reqFailed, err)
 				return
 			}
-			f, _ := os.Open(p.Path())
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := n.cni.AddPod(ctx, "uid-"+name, &zdspb.WorkloadInfo{Name: name, Namespace: "d", ServiceAccount: "churn"}, f); err != nil {
+			if err := n.enroll(ctx, p, "uid-"+name, name, "churn"); err != nil {
 				note(&reqFailed, err)
 			}
-			f.Close()
 			time.Sleep(500 * time.Millisecond)
 			if err := n.cni.RemovePod(ctx, "uid-"+name); err != nil {
 				note(&reqFailed, err)

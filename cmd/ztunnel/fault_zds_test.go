@@ -27,13 +27,7 @@ func TestFaultZDSPeerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gf, err := os.Open(gone.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = n.cni.AddPod(ctx, "uid-gone", &zdspb.WorkloadInfo{Name: "gone", Namespace: "d", ServiceAccount: "gone"}, gf)
-	gf.Close()
-	if err != nil {
+	if err := n.enroll(ctx, gone, "uid-gone", "gone", "gone"); err != nil {
 		t.Fatal(err)
 	}
 	goneHBONE := netip.AddrPortFrom(gone.IP, 15008).String()

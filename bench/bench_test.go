@@ -66,8 +66,8 @@ func TestSmoke(t *testing.T) {
 		if s.Throughput1 <= 0 || s.Throughput8 <= 0 || s.ConnPerS <= 0 || s.Latency.P50 <= 0 {
 			t.Errorf("%s: a figure is zero: %+v", s.Name, s)
 		}
-		if want := int(0.150 * defaultRate); s.Latency.Count != want || s.LatencyNewConn.Count != want || s.LatencyHOL.Count != want {
-			t.Errorf("%s: latency samples %d/%d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, s.LatencyHOL.Count, want)
+		if want := int(0.150 * defaultRate); s.Latency.Count != want || s.LatencyNewConn.Count != want || s.LatencyHOL.Count != want || s.LatencyHOLSlow.Count != want {
+			t.Errorf("%s: latency samples %d/%d/%d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, s.LatencyHOL.Count, s.LatencyHOLSlow.Count, want)
 		}
 		if s.IdleConns != 200 || s.Connections < 200 || s.BytesVerified <= 0 {
 			t.Errorf("%s: idle %d, connections %d, verified bytes %d", s.Name, s.IdleConns, s.Connections, s.BytesVerified)
@@ -88,8 +88,11 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("node%d counted %v connections, the harness made %d", z.Node, z.ConnsCounted, x.Connections)
 		}
 	}
-	if x.HOLHBONEConns != 1 {
-		t.Errorf("head-of-line phase saw %d HBONE connections, want the one pooled connection", x.HOLHBONEConns)
+	if x.HOLHBONEConns != 1 || x.HOLSlowHBONEConns != 1 {
+		t.Errorf("head-of-line phases saw %d and %d HBONE connections, want the one pooled connection", x.HOLSlowHBONEConns, x.HOLHBONEConns)
+	}
+	if x.HOLSlowBulkGbps <= 0 || x.HOLSlowBulkGbps > 2*slowReaderRate*8/1e9 {
+		t.Errorf("slow-reader bulk stream moved %.3f Gbit/s, want more than 0 and at most about %.3f", x.HOLSlowBulkGbps, slowReaderRate*8/1e9)
 	}
 	b, err := os.ReadFile(filepath.Join(out, "results.json"))
 	if err != nil {

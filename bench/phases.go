@@ -178,14 +178,25 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 	return len(conns), nil
 }
 
+// holResult is one head-of-line phase: the requests' latency, what the
+// bulk stream moved and how many HBONE connections the client pod had
+// open while both ran.
+type holResult struct {
+	latency   Latency
+	bulkGbps  float64
+	hboneConn int
+}
+
 // headOfLine runs the 1000 rps reused-connection latency phase while one
-// bulk stream flows between the same two pods (so, meshed, both share the
-// pool key and, below the per-connection stream limit, one HBONE
-// connection).
-func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur time.Duration, res *ScenarioResult) error {
-	bulkConn, err := p.dial(ctx, sinkPort)
+// bulk stream flows to port (sinkPort: as fast as the path goes;
+// slowSinkPort: held back by a slow reader) between the same two pods,
+// so, meshed, both share the pool key and, below the per-connection
+// stream limit, one HBONE connection.
+func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur time.Duration, port int) (holResult, error) {
+	var res holResult
+	bulkConn, err := p.dial(ctx, port)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer bulkConn.Close()
 	var stopBulk sync.Once
@@ -210,23 +221,23 @@ func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur tim
 	}()
 	defer stopBulk.Do(func() { close(stopCh) })
 	if err := sleepCtx(ctx, holRampUp); err != nil {
-		return err
+		return res, err
 	}
 	if d.name != scDirect && d.name != scPassthrough {
-		if res.HOLHBONEConns, err = countEstablished(p.client.NS, 15008); err != nil {
-			return err
+		if res.hboneConn, err = countEstablished(p.client.NS, 15008); err != nil {
+			return res, err
 		}
 	}
 	lat, err := p.openLoop(ctx, r.cfg.rate, dur, true, latencyConns)
 	stopBulk.Do(func() { close(stopCh) })
 	b := <-bulkDone
 	if err != nil {
-		return err
+		return res, err
 	}
 	if b.err != nil {
-		return fmt.Errorf("bulk stream: %w", b.err)
+		return res, fmt.Errorf("bulk stream: %w", b.err)
 	}
-	res.LatencyHOL = lat.latency
-	res.HOLBulkGbps = gbps(b.n, time.Since(t0))
-	return nil
+	res.latency = lat.latency
+	res.bulkGbps = gbps(b.n, time.Since(t0))
+	return res, nil
 }

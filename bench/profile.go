@@ -90,8 +90,7 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, 
 	if phase == profileRPS {
 		_, lerr = p.openLoop(ctx, r.cfg.rate, load, true, latencyConns)
 	} else {
-		var res ScenarioResult
-		lerr = r.headOfLine(ctx, p, d, load, &res)
+		_, lerr = r.headOfLine(ctx, p, d, load, sinkPort)
 	}
 	wg.Wait()
 	if err := errors.Join(append(errs, lerr)...); err != nil {

@@ -117,10 +117,14 @@ func targets(rs []ScenarioResult) []Target {
 		{Name: "hbone-cross-node memory per idle proxied connection", Value: x.BytesPerIdleConn, Goal: 16 << 10, Op: "<=", Unit: "bytes"},
 		{Name: "hbone-cross-node new connections per second (warm pool)", Value: x.ConnPerS, Goal: 5000, Op: ">=", Unit: "conn/s"},
 		// Head-of-line blocking (upstream ztunnel#1945): both p99s come from
-		// hbone-cross-node in this run, so the ratio needs no direct; direct's
-		// own ratio (its bulk stream shares only the CPUs, not a connection)
-		// is the contention floor and goes in the note.
-		{Name: targetHOL, Value: holRatio(x), Goal: 2, Op: "<=", Unit: "ratio"},
+		// hbone-cross-node in this run, so the ratio needs no direct. The
+		// bulk stream has a slow reader: it fills its windows and every
+		// buffer it shares with the requests, which is what could block
+		// them, without taking the CPUs. At full rate on the 2-vCPU VM the
+		// bulk stream keeps both cores busy and direct's own p99 ratio is
+		// 2-50 with no shared connection at all: that figure measures CPU
+		// contention, so it goes in the note beside direct's.
+		{Name: targetHOL, Value: holSlowRatio(x), Goal: 2, Op: "<=", Unit: "ratio"},
 	}
 	for i := range ts {
 		t := &ts[i]
@@ -130,15 +134,16 @@ func targets(rs []ScenarioResult) []Target {
 			t.Note = notMeasured + ": hbone-cross-node was not run"
 		case needsDirect && !okD:
 			t.Note = notMeasured + ": direct was not run"
-		case t.Name == targetHOL && (x.Latency.P99 <= 0 || x.LatencyHOL.P99 <= 0):
+		case t.Name == targetHOL && holSlowRatio(x) == 0:
 			t.Note = notMeasured + ": no latency samples"
 		case t.Op == ">=":
 			t.Met = t.Value >= t.Goal
 		default:
 			t.Met = t.Value <= t.Goal
 		}
-		if t.Name == targetHOL && okX && okD && holRatio(d) > 0 {
-			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f (CPU contention floor)", holRatio(d)), "; ")
+		if t.Name == targetHOL && okX && okD && holSlowRatio(d) > 0 {
+			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)",
+				holSlowRatio(d), holRatio(x), holRatio(d)), "; ")
 		}
 	}
 	return ts
@@ -148,16 +153,26 @@ func targets(rs []ScenarioResult) []Target {
 const notMeasured = "not measured"
 
 // targetHOL names the head-of-line target (1 KiB p99 beside a bulk stream
-// on the same pooled HBONE connection over the p99 without it).
-const targetHOL = "hbone-cross-node 1 KiB p99 beside a bulk stream / unloaded p99"
+// with a slow reader on the same pooled HBONE connection over the p99
+// without it).
+const targetHOL = "hbone-cross-node 1 KiB p99 beside a slow-reader bulk stream / unloaded p99"
 
-// holRatio is a scenario's head-of-line p99 over its unloaded p99 (both
-// 1000 rps of 1 KiB on 16 reused connections), 0 when either is missing.
+// holRatio is a scenario's p99 beside a full-rate bulk stream over its
+// unloaded p99 (both 1000 rps of 1 KiB on 16 reused connections), 0 when
+// either is missing.
 func holRatio(r ScenarioResult) float64 {
-	if r.Latency.P99 <= 0 || r.LatencyHOL.P99 <= 0 {
+	if r.LatencyHOL.P99 <= 0 {
 		return 0
 	}
-	return r.LatencyHOL.P99 / r.Latency.P99
+	return safeRatio(r.LatencyHOL.P99, r.Latency.P99)
+}
+
+// holSlowRatio is holRatio with the bulk stream's reader held back.
+func holSlowRatio(r ScenarioResult) float64 {
+	if r.LatencyHOLSlow.P99 <= 0 {
+		return 0
+	}
+	return safeRatio(r.LatencyHOLSlow.P99, r.Latency.P99)
 }
 
 // safeRatio is v/base, 0 when base is not positive.
@@ -205,7 +220,7 @@ func printTable(w io.Writer, res *Results) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(tw, "SCENARIO\tNEW-CONN p50/p99 µs\tHOL p50/p99 µs\tCONN/s\tvCPU/ztunnel\tCTXSW/req\tRSS MiB\tB/idle conn\t")
+	fmt.Fprintln(tw, "SCENARIO\tNEW-CONN p50/p99 µs\tHOL slow-reader p50/p99 µs\tHOL full-rate p50/p99 µs\tCONN/s\tvCPU/ztunnel\tCTXSW/req\tRSS MiB\tB/idle conn\t")
 	for _, x := range rows {
 		r := x.r
 		cost := func(v float64, f string) string {
@@ -215,8 +230,9 @@ func printTable(w io.Writer, res *Results) {
 			return fmt.Sprintf(f, v)
 		}
 		bang := implausibleMark(r, "latency_new_conn_us")
-		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%s\t%s\t%s\t%s\t%s\t\n", x.label,
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%s / %s\t%s\t%s\t%s\t%s\t%s\t\n", x.label,
 			ratio(r.LatencyNewConn.P50, d.LatencyNewConn.P50, "%.0f")+bang, ratio(r.LatencyNewConn.P99, d.LatencyNewConn.P99, "%.0f")+bang,
+			ratio(r.LatencyHOLSlow.P50, d.LatencyHOLSlow.P50, "%.0f"), ratio(r.LatencyHOLSlow.P99, d.LatencyHOLSlow.P99, "%.0f"),
 			ratio(r.LatencyHOL.P50, d.LatencyHOL.P50, "%.0f"), ratio(r.LatencyHOL.P99, d.LatencyHOL.P99, "%.0f"),
 			ratio(r.ConnPerS, d.ConnPerS, "%.0f"),
 			cost(r.CPUVCPU, "%.4f"), cost(r.CtxSwitchesPerReq, "%.2f"), cost(r.RSSMB, "%.1f"), cost(r.BytesPerIdleConn, "%.0f"))

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/nstest"
 )
@@ -19,7 +20,17 @@ import (
 const (
 	echoPort = 7001 // echoes every byte until EOF
 	sinkPort = 7002 // checks a pattern stream until EOF, then answers a summary
+	// slowSinkPort is sinkPort's reader held to slowReaderRate: a bulk
+	// stream to it keeps every buffer and flow-control window on its path
+	// full while it costs little CPU, the case where a shared HBONE
+	// connection could stall its other streams (head-of-line blocking).
+	slowSinkPort = 7003
 )
+
+// slowReaderRate is how many bytes per second the slow sink reads: ~1/20
+// of what one stream through two ztunnels moves on the 2-vCPU VM, so the
+// bulk sender is held by flow control, not by the CPU.
+const slowReaderRate = 16 << 20
 
 // sinkSummaryLen: the sink's answer, two little-endian int64s: bytes
 // received and the offset of the first wrong byte (-1 if none).
@@ -41,13 +52,14 @@ type podServers struct {
 	firstErr error                 // guarded by mu
 }
 
-// startServers listens on echoPort and sinkPort at the pod's address.
+// startServers listens on echoPort, sinkPort and slowSinkPort at the pod's
+// address.
 func startServers(p *nstest.Pod) (*podServers, error) {
 	s := &podServers{pod: p, conns: map[net.Conn]struct{}{}}
 	for _, h := range []struct {
 		port  int
 		serve func(net.Conn) error
-	}{{echoPort, serveEcho}, {sinkPort, serveSink}} {
+	}{{echoPort, serveEcho}, {sinkPort, serveSink}, {slowSinkPort, serveSlowSink}} {
 		ln, err := p.Listen("tcp", netip.AddrPortFrom(p.IP, uint16(h.port)).String())
 		if err != nil {
 			s.stop()
@@ -134,10 +146,26 @@ func serveEcho(c net.Conn) error {
 	}
 }
 
-func serveSink(c net.Conn) error {
-	buf := make([]byte, maxChunk)
+func serveSink(c net.Conn) error { return sink(c, maxChunk, 0) }
+
+// serveSlowSink reads at most slowReaderRate bytes per second in 16 KiB
+// reads, so the sender sees a receiver that is always behind.
+func serveSlowSink(c net.Conn) error { return sink(c, 16<<10, slowReaderRate) }
+
+// sink checks the pattern stream on c until EOF, reading chunk bytes at a
+// time and, when rate > 0, no faster than rate bytes per second; then it
+// answers the summary.
+func sink(c net.Conn, chunk int, rate float64) error {
+	buf := make([]byte, chunk)
 	chk := newChecker()
+	start := time.Now()
 	for {
+		if rate > 0 {
+			due := start.Add(time.Duration(float64(chk.off) / rate * float64(time.Second)))
+			if wait := time.Until(due); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
 		n, err := c.Read(buf)
 		chk.check(buf[:n])
 		if err == io.EOF {

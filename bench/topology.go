@@ -44,7 +44,7 @@ var serverPods = []string{podLocal, podRemote, podOutside}
 // TIME_WAIT ports: the connection-rate phase opens tens of thousands of
 // short connections per scenario, from the client pod and (ztunnel's
 // upstream legs) from the server pods. The range starts above every port
-// in use here (7001-7002, 150xx). Both are per network namespace, so the
+// in use here (7001-7003, 150xx). Both are per network namespace, so the
 // host is untouched.
 var podSysctls = [][2]string{
 	{"net.ipv4.ip_local_port_range", "16000 65535"},

@@ -223,13 +223,14 @@ func TestIdleFit(t *testing.T) {
 }
 
 func TestTargets(t *testing.T) {
-	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, LatencyHOL: Latency{P99: 900}}
-	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450}, LatencyHOL: Latency{P99: 890},
+	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, LatencyHOL: Latency{P99: 900}, LatencyHOLSlow: Latency{P99: 310}}
+	// good's full-rate ratio (10) does not count: only the slow-reader one is a target.
+	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450}, LatencyHOL: Latency{P99: 4500}, LatencyHOLSlow: Latency{P99: 890},
 		CPUVCPU: 0.02, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 9000}
-	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600}, LatencyHOL: Latency{P99: 6000},
+	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600}, LatencyHOL: Latency{P99: 900}, LatencyHOLSlow: Latency{P99: 6000},
 		CPUVCPU: 0.05, RSSMB: 20, BytesPerIdleConn: 20000, ConnPerS: 1000}
 	noHOL := good
-	noHOL.LatencyHOL = Latency{}
+	noHOL.LatencyHOLSlow = Latency{}
 	cases := []struct {
 		name    string
 		rs      []ScenarioResult
@@ -263,13 +264,13 @@ func TestTargets(t *testing.T) {
 }
 
 func TestHOLTargetNotesDirectFloor(t *testing.T) {
-	direct := ScenarioResult{Name: scDirect, Latency: Latency{P99: 300}, LatencyHOL: Latency{P99: 9000}}
-	x := ScenarioResult{Name: scCrossNode, Latency: Latency{P99: 1000}, LatencyHOL: Latency{P99: 1500}}
+	direct := ScenarioResult{Name: scDirect, Latency: Latency{P99: 300}, LatencyHOL: Latency{P99: 9000}, LatencyHOLSlow: Latency{P99: 330}}
+	x := ScenarioResult{Name: scCrossNode, Latency: Latency{P99: 1000}, LatencyHOL: Latency{P99: 25000}, LatencyHOLSlow: Latency{P99: 1500}}
 	for _, tg := range targets([]ScenarioResult{direct, x}) {
 		if tg.Name != targetHOL {
 			continue
 		}
-		if tg.Value != 1.5 || !tg.Met || !strings.Contains(tg.Note, "direct's own ratio 30.00") {
+		if tg.Value != 1.5 || !tg.Met || !strings.Contains(tg.Note, "direct's own ratio 1.10; with a full-rate bulk stream 25.00, direct's 30.00") {
 			t.Fatalf("HOL target %+v", tg)
 		}
 		return
@@ -322,7 +323,7 @@ func checkResultsJSON(t *testing.T, b []byte) {
 	for _, s := range scs {
 		sc := s.(map[string]any)
 		for _, k := range []string{"name", "throughput_gbps_1stream", "throughput_gbps_8streams", "latency_us",
-			"conn_per_s", "cpu_vcpu_per_1000rps", "rss_mb", "bytes_per_idle_conn"} {
+			"conn_per_s", "cpu_vcpu_per_1000rps", "rss_mb", "bytes_per_idle_conn", "hol_p99_ratio", "hol_slow_reader_p99_ratio"} {
 			if _, ok := sc[k]; !ok {
 				t.Errorf("scenario lacks %q", k)
 			}
@@ -529,7 +530,7 @@ func TestPeerRowsInTable(t *testing.T) {
 }
 
 func TestMarkBusy(t *testing.T) {
-	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, LatencyHOL: Latency{P99: 150}}})
+	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, LatencyHOLSlow: Latency{P99: 150}}})
 	markBusy(ts, false)
 	for _, tg := range ts {
 		if strings.Contains(tg.Note, "busy") {

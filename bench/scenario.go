@@ -118,8 +118,8 @@ type ScenarioResult struct {
 	HOLSlowHBONEConns int     `json:"hol_slow_reader_hbone_tcp_conns"`
 	HOLSlowRatio      float64 `json:"hol_slow_reader_p99_ratio"`
 	HOLSlowRatioP50   float64 `json:"hol_slow_reader_p50_ratio"`
-	HarnessLag    Latency `json:"harness_lag_us"`
-	HarnessLagNew Latency `json:"harness_lag_new_conn_us"`
+	HarnessLag        Latency `json:"harness_lag_us"`
+	HarnessLagNew     Latency `json:"harness_lag_new_conn_us"`
 	// Plain loops of the same operations, measured just before each
 	// open-loop phase (selfcheck.go), and for direct the reasons its
 	// figures cannot be trusted (for the others: that their ratios rest on

@@ -28,6 +28,13 @@ const (
 	// startTimeout bounds how long Start waits for miekg to report each
 	// socket as served.
 	startTimeout = 5 * time.Second
+	// udpIdleWake is the read deadline of the UDP serving loop. miekg's
+	// default (2 s) only lets its loop notice a shutdown, which closing
+	// the socket already does; with it every pod's idle DNS socket woke
+	// the process every 2 s, allocated a timeout error and paged cold code
+	// back in (1.5 MiB of RSS between text trims, measured on an idle
+	// bench ztunnel).
+	udpIdleWake = 24 * time.Hour
 )
 
 // Client is the pod a Server answers for.
@@ -101,7 +108,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, pc := range opts.PacketConns {
-		s.servers = append(s.servers, s.newMiekg(&mdns.Server{PacketConn: pc, UDPSize: udpReadSize}, "udp"))
+		s.servers = append(s.servers, s.newMiekg(&mdns.Server{PacketConn: pc, UDPSize: udpReadSize, ReadTimeout: udpIdleWake}, "udp"))
 	}
 	for _, ln := range opts.Listeners {
 		s.servers = append(s.servers, s.newMiekg(&mdns.Server{Listener: netutil.LimitListener(ln, maxTCPConns)}, "tcp"))

@@ -3,6 +3,7 @@ package dns
 import (
 	"net"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -285,5 +286,65 @@ func TestLifecycle(t *testing.T) {
 	ln.Close()
 	if _, err := NewServer(ServerOptions{Resolver: res, PacketConns: pcs}); err == nil {
 		t.Error("NewServer without a client namespace succeeded")
+	}
+}
+
+// deadlineConn records the read deadlines miekg sets on a UDP socket.
+type deadlineConn struct {
+	net.PacketConn
+	mu        sync.Mutex
+	deadlines []time.Duration // deadline minus the time it was set
+}
+
+func (c *deadlineConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadlines = append(c.deadlines, time.Until(t))
+	c.mu.Unlock()
+	return c.PacketConn.SetReadDeadline(t)
+}
+
+// TestIdleUDPSocketSleeps: an idle pod's DNS socket must not wake the
+// process every few seconds, and a shutdown must still end its read at
+// once.
+func TestIdleUDPSocketSleeps(t *testing.T) {
+	res, err := NewResolver(ResolverOptions{State: newStore(t).Snapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := &deadlineConn{PacketConn: pc}
+	s, err := NewServer(ServerOptions{Resolver: res, Client: Client{Namespace: "default"}, PacketConns: []net.PacketConn{dc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// One query, so the loop has certainly set a deadline at least twice.
+	q := new(mdns.Msg)
+	q.SetQuestion("nothing.default.svc.cluster.local.", mdns.TypeA)
+	if _, _, err := (&mdns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(q, pc.LocalAddr().String()); err != nil {
+		t.Fatal(err)
+	}
+	dc.mu.Lock()
+	ds := slices.Clone(dc.deadlines)
+	dc.mu.Unlock()
+	if len(ds) < 2 {
+		t.Fatalf("read deadlines set: %v", ds)
+	}
+	for _, d := range ds {
+		if d < time.Hour {
+			t.Fatalf("UDP read deadline %v ahead: an idle socket would wake the process that often", d)
+		}
+	}
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("shutdown took %v with a long read deadline", took)
 	}
 }

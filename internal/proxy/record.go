@@ -72,7 +72,15 @@ func (r *record) done(errp *error) {
 		}
 		r.m.failed.WithLabelValues(r.values...).Inc()
 	}
-	if !r.log.Enabled(context.Background(), slog.LevelInfo) {
+	// A failed connection is logged at WARN, so it still shows when the
+	// level hides the INFO line of every clean one.
+	level := slog.LevelInfo
+	if err != nil && !isBenign(err) {
+		level = slog.LevelWarn
+	}
+	ctx := context.Background()
+	h := r.log.Handler()
+	if !h.Enabled(ctx, level) {
 		return
 	}
 	attrs := []slog.Attr{
@@ -95,12 +103,16 @@ func (r *record) done(errp *error) {
 		slog.Int64("bytes_recv", recv),
 		slog.Duration("duration", time.Since(r.start).Round(time.Microsecond)),
 	)
-	level := slog.LevelInfo
-	if err != nil && !isBenign(err) {
-		level = slog.LevelWarn
+	if level == slog.LevelWarn {
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
-	r.log.LogAttrs(context.Background(), level, "connection complete", attrs...)
+	// The record is built here, not by Logger.LogAttrs: that one also
+	// unwinds the stack for the caller's PC (runtime.Callers), which no
+	// handler here prints, on every connection, paging in the function
+	// tables it walks.
+	rec := slog.NewRecord(time.Now(), level, "connection complete", 0)
+	rec.AddAttrs(attrs...)
+	_ = h.Handle(ctx, rec)
 }
 
 // flush adds the bytes moved since the last flush to the byte counters, so

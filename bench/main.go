@@ -35,6 +35,7 @@ const (
 	idleDialers     = 64  // parallel dials when opening idle connections
 	idleProbe       = 100 // idle connections opened first to measure descriptors per connection
 	rssSampleEvery  = 100 * time.Millisecond
+	warmUp          = time.Second // 1000 rps on reused connections after each restart
 	// idleSettle: wait after a GC before reading RSS, so freed stacks and
 	// the GC's own work have settled.
 	idleSettle = 300 * time.Millisecond

@@ -26,12 +26,16 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 			return openLoopResult{}, err
 		}
 	}
-	peak := make([]int64, len(nodes))
+	peak, anonPeak := make([]int64, len(nodes)), make([]int64, len(nodes))
+	all := make([][]float64, len(nodes))
 	sample := func() {
 		for i, pid := range pids {
-			if rss, err := processRSS(pid); err == nil && rss > peak[i] {
-				peak[i] = rss
+			rss, anon, err := processRSSAnon(pid)
+			if err != nil {
+				continue
 			}
+			peak[i], anonPeak[i] = max(peak[i], rss), max(anonPeak[i], anon)
+			all[i] = append(all[i], float64(rss))
 		}
 	}
 	stop := make(chan struct{})
@@ -71,6 +75,8 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 		}
 		costs[i].CPUVCPU = (cpu1 - cpu0[i]).Seconds() / wall.Seconds()
 		costs[i].RSSMB = float64(peak[i]) / (1 << 20)
+		costs[i].RSSAnonMB = float64(anonPeak[i]) / (1 << 20)
+		costs[i].RSSMedianMB = median(all[i]) / (1 << 20)
 		if reqs := float64(res.latency.Count); reqs > 0 {
 			vol := float64(sw1.Voluntary - sw0[i].Voluntary)
 			costs[i].VolCtxSwitchesPerReq = vol / reqs

@@ -73,11 +73,22 @@ func parseStatusKB(status, key string) (int64, error) {
 
 // processRSS is the process's resident set (VmRSS) in bytes.
 func processRSS(pid int) (int64, error) {
+	rss, _, err := processRSSAnon(pid)
+	return rss, err
+}
+
+// processRSSAnon is the process's resident set (VmRSS) and its anonymous
+// part (RssAnon) in bytes.
+func processRSSAnon(pid int) (rss, anon int64, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, fmt.Errorf("bench: rss of %d: %w", pid, err)
+		return 0, 0, fmt.Errorf("bench: rss of %d: %w", pid, err)
 	}
-	return parseStatusKB(string(b), "VmRSS")
+	if rss, err = parseStatusKB(string(b), "VmRSS"); err != nil {
+		return 0, 0, err
+	}
+	anon, err = parseStatusKB(string(b), "RssAnon")
+	return rss, anon, err
 }
 
 // openFDs counts the process's open file descriptors.

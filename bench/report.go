@@ -141,6 +141,9 @@ func targets(rs []ScenarioResult) []Target {
 		default:
 			t.Met = t.Value <= t.Goal
 		}
+		if strings.Contains(t.Name, "RSS per ztunnel") && okX && x.RSSMedianMB > 0 {
+			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; peak of 100 ms samples; median %.1f MiB, anonymous peak %.1f MiB", x.RSSMedianMB, x.RSSAnonMB), "; ")
+		}
 		if t.Name == targetHOL && okX && okD && holSlowRatio(d) > 0 {
 			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)",
 				holSlowRatio(d), holRatio(x), holRatio(d)), "; ")

@@ -66,8 +66,15 @@ type ZtunnelCost struct {
 	// CPUVCPU is CPU seconds per second (= per 1000 requests) during the
 	// 1000 rps reused-connection phase.
 	CPUVCPU float64 `json:"cpu_vcpu_per_1000rps"`
-	// RSSMB is the peak VmRSS during that phase, MiB.
-	RSSMB float64 `json:"rss_mb"`
+	// RSSMB is the peak VmRSS during that phase, MiB (the target's
+	// figure). RSSMedianMB is the median of the same samples and
+	// RSSAnonMB the peak of their anonymous part (RssAnon): the peak also
+	// holds the executable's clean file pages that a burst of connection
+	// set-ups and teardowns maps (each page fault on the binary maps up to
+	// 16 neighbouring pages) until ztunnel's next text trim.
+	RSSMB       float64 `json:"rss_mb"`
+	RSSMedianMB float64 `json:"rss_median_mb"`
+	RSSAnonMB   float64 `json:"rss_anon_mb"`
 	// Per request of that phase: context switches of all its threads
 	// (voluntary + nonvoluntary, and the voluntary part) and
 	// read/write-family system calls.
@@ -95,6 +102,8 @@ type ScenarioResult struct {
 	ConnPerS          float64 `json:"conn_per_s"`
 	CPUVCPU           float64 `json:"cpu_vcpu_per_1000rps"`
 	RSSMB             float64 `json:"rss_mb"`
+	RSSMedianMB       float64 `json:"rss_median_mb"` // worst ztunnel's median (see ZtunnelCost)
+	RSSAnonMB         float64 `json:"rss_anon_mb"`
 	CtxSwitchesPerReq float64 `json:"ctx_switches_per_req"` // worst ztunnel on the path
 	BytesPerIdleConn  float64 `json:"bytes_per_idle_conn"`
 	LatencyNewConn    Latency `json:"latency_new_conn_us"`
@@ -203,7 +212,9 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs; plain loop p50 %.0fµs); vCPU %s; RSS MiB %s",
 			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99, res.LoopLatency.P50,
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f"))
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f")+
+				" (median "+fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMedianMB }, "%.1f")+
+				"; anonymous peak "+fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSAnonMB }, "%.1f")+")")
 		r.progress("[%s] per request at %d rps: context switches %s (voluntary %s); read/write syscalls %s",
 			d.name, r.cfg.rate,
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerReq }, "%.2f"),
@@ -292,6 +303,8 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		costs[i].ConnsCounted = counted[costs[i].Node]
 		res.CPUVCPU = math.Max(res.CPUVCPU, costs[i].CPUVCPU)
 		res.RSSMB = math.Max(res.RSSMB, costs[i].RSSMB)
+		res.RSSMedianMB = math.Max(res.RSSMedianMB, costs[i].RSSMedianMB)
+		res.RSSAnonMB = math.Max(res.RSSAnonMB, costs[i].RSSAnonMB)
 		res.CtxSwitchesPerReq = math.Max(res.CtxSwitchesPerReq, costs[i].CtxSwitchesPerReq)
 		res.BytesPerIdleConn = math.Max(res.BytesPerIdleConn, costs[i].BytesPerIdleConn)
 	}
@@ -326,8 +339,13 @@ func (r *runner) fresh(ctx context.Context, d scenarioDef, p *path, counted map[
 		}
 		before[n.Index] = m
 	}
-	// Warm-up: certificates fetched, HBONE pool connected, code paged in.
-	if _, err := p.openLoop(ctx, 2000, 100*time.Millisecond, true, 4); err != nil {
+	// Warm-up: certificates fetched, HBONE pool connected, code paged in,
+	// and start-up over: a restarted ztunnel is still finishing it (pod
+	// listeners, certificates, the first handshake) for a few hundred ms
+	// and gives those pages back at its next text trim (every 0.5 s in
+	// its first minute, memory.go), so the RSS of the phases below is
+	// that of the ztunnel under their load, not of its start-up.
+	if _, err := p.openLoop(ctx, 1000, warmUp, true, 4); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	if _, err := p.openLoop(ctx, 500, 40*time.Millisecond, false, 4); err != nil {

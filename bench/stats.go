@@ -40,3 +40,17 @@ func gbps(bytes int64, d time.Duration) float64 {
 	}
 	return float64(bytes) * 8 / d.Seconds() / 1e9
 }
+
+// median is the middle value of vs (the mean of the two middle ones for
+// an even count), 0 for none. It sorts vs.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	slices.Sort(vs)
+	n := len(vs)
+	if n%2 == 1 {
+		return vs[n/2]
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2
+}

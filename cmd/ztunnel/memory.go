@@ -49,7 +49,7 @@ import (
 // under a millisecond of CPU.
 const (
 	trimDelay    = 250 * time.Millisecond
-	trimEarly    = 2 * time.Second
+	trimEarly    = 500 * time.Millisecond
 	trimEarlyFor = time.Minute
 	trimEvery    = time.Minute
 )

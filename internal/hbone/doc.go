@@ -64,7 +64,8 @@
 //     so they do not wake the runtime's sysmon thread.
 //
 // Flow control is upstream's: 4 MiB stream and 16 MiB connection windows,
-// WINDOW_UPDATE sent after a quarter of a window was consumed. A stream
+// a stream WINDOW_UPDATE per 128 KiB consumed and a connection one per
+// quarter window (tuning.go). A stream
 // that stops consuming holds at most its window in memory.
 //
 // A new pooled connection waits for the server's SETTINGS (one round trip)

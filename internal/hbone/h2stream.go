@@ -160,14 +160,17 @@ func (s *h2stream) dropQueueLocked() int64 {
 }
 
 // streamCreditLocked counts n consumed bytes and returns the stream
-// WINDOW_UPDATE increment to send now, if any. Updates are batched to a
-// quarter of the window so small messages don't each cost a frame.
+// WINDOW_UPDATE increment to send now, if any. Updates are batched to
+// streamUpdateEvery so small messages don't each cost a frame, and no
+// larger: the sender of a stream whose reader is slower than the path
+// sends what an update frees as one burst, and every other stream on the
+// connection queues behind it.
 func (s *h2stream) streamCreditLocked(n int64) uint32 {
 	if n <= 0 || s.rEOF || s.rStop || s.rErr != nil {
 		return 0
 	}
 	s.recvUnacked += n
-	if s.recvUnacked < streamWindow/4 {
+	if s.recvUnacked < streamUpdateEvery {
 		return 0
 	}
 	inc := s.recvUnacked

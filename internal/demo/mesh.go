@@ -198,6 +198,20 @@ func NewMesh(ctx context.Context, opts MeshOptions) (_ *Mesh, err error) {
 		}
 		m.addCleanup(n.Stop)
 	}
+	// Enroll only once each ztunnel holds its node agent session: an AddPod
+	// before that only caches the pod for the snapshot, and a ztunnel may
+	// report ready before its snapshot arrives (upstream's does), so the
+	// mesh could be handed out with pods not yet served. A cold start of a
+	// large binary can take a second or more here.
+	for _, n := range m.Nodes {
+		wctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		err := n.CNI.WaitSnapshots(wctx, 1)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("demo: mesh: ztunnel on node%d did not connect to the node agent at %s within %v: %w (ztunnel log: %s)",
+				n.Index, n.CNI.Path(), connectTimeout, err, n.LogPath)
+		}
+	}
 	for _, s := range opts.Pods {
 		p := m.Pods[s.Name]
 		if !p.Mesh {
@@ -244,6 +258,10 @@ func (m *Mesh) Close() {
 		_ = os.RemoveAll(m.Dir)
 	}
 }
+
+// connectTimeout bounds how long NewMesh waits for a started ztunnel to
+// open its node agent (ZDS) session.
+const connectTimeout = 20 * time.Second
 
 func (m *Mesh) enroll(ctx context.Context, p *MeshPod) error {
 	// DNS capture on, as istio-cni's ambient default: the pod's port-53

@@ -49,6 +49,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.prefix = "zbt"
+	cfg.holTargetPhase = 2 * time.Second // turns: moving, idle, moving
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var stdout, progress bytes.Buffer
@@ -66,8 +67,14 @@ func TestSmoke(t *testing.T) {
 		if s.Throughput1 <= 0 || s.Throughput8 <= 0 || s.ConnPerS <= 0 || s.Latency.P50 <= 0 {
 			t.Errorf("%s: a figure is zero: %+v", s.Name, s)
 		}
-		if want := int(0.150 * defaultRate); s.Latency.Count != want || s.LatencyNewConn.Count != want || s.LatencyHOL.Count != want || s.LatencyHOLSlow.Count != want {
-			t.Errorf("%s: latency samples %d/%d/%d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, s.LatencyHOL.Count, s.LatencyHOLSlow.Count, want)
+		if want := int(0.150 * defaultRate); s.Latency.Count != want || s.LatencyNewConn.Count != want || s.LatencyHOL.Count != want {
+			t.Errorf("%s: latency samples %d/%d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, s.LatencyHOL.Count, want)
+		}
+		// Two seconds: 500 ms moving, a drain, 500 ms idle, 450 ms moving
+		// (after the 50 ms margin), a drain.
+		if on, off := s.LatencyHOLSlow.Count, s.LatencyHOLSlowIdle.Count; on < 400 || off < 200 || s.HOLSlowTurnP99 <= 0 || s.HOLSlowIdleTurnP99 <= 0 {
+			t.Errorf("%s: slow-reader phase: %d requests beside the moving stream, %d beside the idle one, turn p99s %v/%v; want ≥ 400 and ≥ 200 and both p99s",
+				s.Name, on, off, s.HOLSlowTurnP99, s.HOLSlowIdleTurnP99)
 		}
 		if s.IdleConns != 200 || s.Connections < 200 || s.BytesVerified <= 0 {
 			t.Errorf("%s: idle %d, connections %d, verified bytes %d", s.Name, s.IdleConns, s.Connections, s.BytesVerified)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,6 +139,11 @@ type openLoopResult struct {
 	latency Latency // from each request's scheduled send time to its full response
 	lag     Latency // from the scheduled time to the moment a worker began it
 	elapsed time.Duration
+	// Each request's latency in schedule order: request i was due at
+	// start + i×interval.
+	each     []time.Duration
+	start    time.Time
+	interval time.Duration
 }
 
 // openLoop sends rate requests/s of msgSize bytes for d, each checked
@@ -231,7 +237,9 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 	if err := ctx.Err(); err != nil {
 		return openLoopResult{}, err
 	}
-	return openLoopResult{latency: summarize(lat), lag: summarize(lag), elapsed: elapsed}, nil
+	each := slices.Clone(lat) // summarize sorts lat
+	return openLoopResult{latency: summarize(lat), lag: summarize(lag), elapsed: elapsed,
+		each: each, start: start, interval: interval}, nil
 }
 
 // bulk streams the pattern to the sink over streams connections for d and
@@ -255,7 +263,7 @@ func (p *path) bulk(ctx context.Context, streams int, d time.Duration) (float64,
 	sent := make([]int64, streams)
 	errs := make([]error, streams)
 	for i, c := range cs {
-		wg.Go(func() { sent[i], errs[i] = p.stream(c, until, deadline.Add(bulkDrain)) })
+		wg.Go(func() { sent[i], errs[i] = p.stream(c, until, deadline.Add(bulkDrain), nil) })
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -273,15 +281,22 @@ func (p *path) bulk(ctx context.Context, streams int, d time.Duration) (float64,
 }
 
 // stream writes the pattern on c until done() says stop, half-closes, and
-// checks the sink's summary: every byte arrived, none was wrong.
-func (p *path) stream(c net.Conn, done func() bool, deadline time.Time) (int64, error) {
+// checks the sink's summary: every byte arrived, none was wrong. A non-nil
+// v pauses the writes while it is closed and counts them.
+func (p *path) stream(c net.Conn, done func() bool, deadline time.Time, v *valve) (int64, error) {
 	if err := c.SetDeadline(deadline); err != nil {
 		return 0, err
 	}
 	var off int64
 	for !done() {
+		if v.wait(); done() {
+			break
+		}
 		n, err := c.Write(patternAt(off, maxChunk))
 		off += int64(n)
+		if v != nil {
+			v.written.Add(int64(n))
+		}
 		if err != nil {
 			return off, fmt.Errorf("bulk write after %d bytes: %w", off, err)
 		}

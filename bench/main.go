@@ -40,11 +40,22 @@ const (
 	// the GC's own work have settled.
 	idleSettle = 300 * time.Millisecond
 	holRampUp  = 200 * time.Millisecond // bulk runs alone this long before requests start
+	// holTurn is how long the slow-reader bulk stream moves, and then,
+	// once drained, stays idle, in turns (headOfLine, alternate); requests
+	// due in the first holSettle after it starts moving again count in
+	// neither set (a margin: its sender refills the windows within ms).
+	holTurn   = 500 * time.Millisecond
+	holSettle = 50 * time.Millisecond
+	// holTargetPhase is the shortest slow-reader phase of the head-of-line
+	// target's scenario and of direct, its reference (others run twice the
+	// measurement length): five turns each way, so the median turn's p99 is
+	// not one stall's.
+	holTargetPhase = 8 * time.Second
 
 	defaultIdleConns = 10000
 	quickIdleConns   = 2000
 	quickDuration    = time.Second
-	quickBudget      = 60 * time.Second
+	quickBudget      = 75 * time.Second
 )
 
 // config is the harness configuration after flags.
@@ -62,6 +73,9 @@ type config struct {
 	idleConns    int
 	rate         int
 	prefix       string // namespace prefix
+	// holTargetPhase: the shortest slow-reader head-of-line phase of the
+	// target's scenario and direct (holTargetPhase; tests shorten it).
+	holTargetPhase time.Duration
 }
 
 func main() {
@@ -103,7 +117,7 @@ func parseFlags(args []string) (config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof || set["profile-phase"], profilePhase: *profPhase,
-		binary: *bin, peer: *peer, idleConns: *idle, rate: defaultRate, prefix: "zb"}
+		binary: *bin, peer: *peer, idleConns: *idle, rate: defaultRate, prefix: "zb", holTargetPhase: holTargetPhase}
 	if cfg.profilePhase != profileHOL && cfg.profilePhase != profileRPS {
 		return config{}, fmt.Errorf("-profile-phase %q: want %s or %s", cfg.profilePhase, profileHOL, profileRPS)
 	}

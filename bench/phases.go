@@ -186,9 +186,12 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 
 // holResult is one head-of-line phase: the requests' latency, what the
 // bulk stream moved and how many HBONE connections the client pod had
-// open while both ran.
+// open while both ran; with a valve, also the requests' latency while the
+// bulk stream was idle.
 type holResult struct {
 	latency   Latency
+	idle      Latency
+	turnP99   [2]float64 // with a valve: turnSplit's loadedTurnP99, idleTurnP99
 	bulkGbps  float64
 	hboneConn int
 }
@@ -198,7 +201,14 @@ type holResult struct {
 // slowSinkPort: held back by a slow reader) between the same two pods,
 // so, meshed, both share the pool key and, below the per-connection
 // stream limit, one HBONE connection.
-func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur time.Duration, port int) (holResult, error) {
+//
+// With a valve (the slow sink's) the bulk writer runs and pauses in
+// turns (alternate): requests due while it writes make latency, those due
+// once it paused and the stream drained make idle, the rest count in
+// neither. Both sets come from the same seconds of the same machine, so
+// their ratio is not the difference between two moments of a VM whose
+// p99 alone moves 2–5× from one phase to the next.
+func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur time.Duration, port int, v *valve) (holResult, error) {
 	var res holResult
 	bulkConn, err := p.dial(ctx, port)
 	if err != nil {
@@ -219,10 +229,15 @@ func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur tim
 		n   int64
 		err error
 	}
+	if v != nil {
+		v.set(true)
+		v.written.Store(0)
+		v.read.Store(0)
+	}
 	bulkDone := make(chan bulkResult, 1)
 	t0 := time.Now()
 	go func() {
-		n, err := p.stream(bulkConn, done, time.Now().Add(holRampUp+dur+bulkDrain+ioTimeout))
+		n, err := p.stream(bulkConn, done, time.Now().Add(holRampUp+dur+bulkDrain+ioTimeout), v)
 		bulkDone <- bulkResult{n, err}
 	}()
 	defer stopBulk.Do(func() { close(stopCh) })
@@ -234,8 +249,19 @@ func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur tim
 			return res, err
 		}
 	}
+	var turns []turn
+	turnsDone := make(chan struct{})
+	if v != nil {
+		go func() {
+			defer close(turnsDone)
+			turns = alternate(v, stopCh, holTurn)
+		}()
+	} else {
+		close(turnsDone)
+	}
 	lat, err := p.openLoop(ctx, r.cfg.rate, dur, true, latencyConns)
 	stopBulk.Do(func() { close(stopCh) })
+	<-turnsDone // the valve is open again: the writer sees stopCh
 	b := <-bulkDone
 	if err != nil {
 		return res, err
@@ -244,6 +270,115 @@ func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur tim
 		return res, fmt.Errorf("bulk stream: %w", b.err)
 	}
 	res.latency = lat.latency
+	if v != nil {
+		ts := splitByTurn(lat, turns, holSettle)
+		res.latency, res.idle, res.turnP99 = ts.loaded, ts.idle, [2]float64{ts.loadedTurnP99, ts.idleTurnP99}
+	}
 	res.bulkGbps = gbps(b.n, time.Since(t0))
 	return res, nil
+}
+
+// bulkState is what the bulk stream of a head-of-line phase does.
+type bulkState int
+
+const (
+	bulkMoving   bulkState = iota // the writer writes, the reader reads
+	bulkDraining                  // the writer paused; bytes still in flight
+	bulkIdle                      // the writer paused and everything was read
+)
+
+// turn is a moment the bulk stream entered a state.
+type turn struct {
+	at    time.Time
+	state bulkState
+}
+
+// alternate runs the valve's writer for each turn, then closes it, waits
+// for the stream to drain and leaves it idle for another turn, until stop;
+// it leaves the valve open and returns when each state began.
+func alternate(v *valve, stop <-chan struct{}, each time.Duration) []turn {
+	defer v.set(true)
+	var turns []turn
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-stop:
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	for {
+		if !wait(each) {
+			return turns
+		}
+		v.set(false)
+		turns = append(turns, turn{time.Now(), bulkDraining})
+		for !v.drained() {
+			if !wait(time.Millisecond) {
+				return turns
+			}
+		}
+		turns = append(turns, turn{time.Now(), bulkIdle})
+		if !wait(each) {
+			return turns
+		}
+		v.set(true)
+		turns = append(turns, turn{time.Now(), bulkMoving})
+	}
+}
+
+// turnSplit is an alternating phase's requests sorted by what the bulk
+// stream did when each was due.
+type turnSplit struct {
+	loaded, idle Latency // all requests due while it moved / was idle
+	// The median over turns of each turn's p99: a VM stall of tens of ms
+	// delays every request due in it and can alone set a whole set's p99,
+	// but only one turn's; queueing the path causes raises them all.
+	loadedTurnP99, idleTurnP99 float64
+}
+
+// minTurnRequests: a turn with fewer requests (the phase's last, cut
+// short) has no p99 worth the name and is left out of the medians.
+const minTurnRequests = 100
+
+// splitByTurn sorts the requests of lat by the bulk stream's state when
+// each was due (moving before the first turn), leaving out those due while
+// it drained and those due less than settle after it began moving.
+func splitByTurn(lat openLoopResult, turns []turn, settle time.Duration) turnSplit {
+	var on, off []time.Duration
+	perTurn := make([][]time.Duration, len(turns)+1)
+	k := 0 // turns[:k] are at or before the current request's due time
+	for i, l := range lat.each {
+		due := lat.start.Add(time.Duration(i) * lat.interval)
+		for k < len(turns) && !turns[k].at.After(due) {
+			k++
+		}
+		state, since := bulkMoving, time.Duration(-1)
+		if k > 0 {
+			state, since = turns[k-1].state, due.Sub(turns[k-1].at)
+		}
+		switch {
+		case state == bulkDraining, state == bulkMoving && since >= 0 && since < settle:
+			continue
+		case state == bulkMoving:
+			on = append(on, l)
+		default:
+			off = append(off, l)
+		}
+		perTurn[k] = append(perTurn[k], l)
+	}
+	var onP99, offP99 []float64
+	for k, ls := range perTurn {
+		if len(ls) < minTurnRequests {
+			continue
+		}
+		if k == 0 || turns[k-1].state == bulkMoving {
+			onP99 = append(onP99, summarize(ls).P99)
+		} else {
+			offP99 = append(offP99, summarize(ls).P99)
+		}
+	}
+	return turnSplit{loaded: summarize(on), idle: summarize(off), loadedTurnP99: median(onP99), idleTurnP99: median(offP99)}
 }

@@ -90,7 +90,7 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, 
 	if phase == profileRPS {
 		_, lerr = p.openLoop(ctx, r.cfg.rate, load, true, latencyConns)
 	} else {
-		_, lerr = r.headOfLine(ctx, p, d, load, sinkPort)
+		_, lerr = r.headOfLine(ctx, p, d, load, sinkPort, nil)
 	}
 	wg.Wait()
 	if err := errors.Join(append(errs, lerr)...); err != nil {

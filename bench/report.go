@@ -117,7 +117,7 @@ func targets(rs []ScenarioResult) []Target {
 		{Name: "hbone-cross-node memory per idle proxied connection", Value: x.BytesPerIdleConn, Goal: 16 << 10, Op: "<=", Unit: "bytes"},
 		{Name: "hbone-cross-node new connections per second (warm pool)", Value: x.ConnPerS, Goal: 5000, Op: ">=", Unit: "conn/s"},
 		// Head-of-line blocking (upstream ztunnel#1945): both p99s come from
-		// hbone-cross-node in this run, so the ratio needs no direct. The
+		// one phase of hbone-cross-node, so the ratio needs no direct. The
 		// bulk stream has a slow reader: it fills its windows and every
 		// buffer it shares with the requests, which is what could block
 		// them, without taking the CPUs. At full rate on the 2-vCPU VM the
@@ -161,7 +161,7 @@ const targetRSS = "hbone-cross-node RSS per ztunnel at 1000 rps"
 
 // targetHOL names the head-of-line target (1 KiB p99 beside a bulk stream
 // with a slow reader on the same pooled HBONE connection over the p99
-// without it).
+// while that stream is idle, in turns of the same phase: holSlowRatio).
 const targetHOL = "hbone-cross-node 1 KiB p99 beside a slow-reader bulk stream / unloaded p99"
 
 // holRatio is a scenario's p99 beside a full-rate bulk stream over its
@@ -169,8 +169,11 @@ const targetHOL = "hbone-cross-node 1 KiB p99 beside a slow-reader bulk stream /
 // either is missing.
 func holRatio(r ScenarioResult) float64 { return safeRatio(r.LatencyHOL.P99, r.Latency.P99) }
 
-// holSlowRatio is holRatio with the bulk stream's reader held back.
-func holSlowRatio(r ScenarioResult) float64 { return safeRatio(r.LatencyHOLSlow.P99, r.Latency.P99) }
+// holSlowRatio is the slow-reader phase's median moving turn's p99 over
+// its median idle turn's (headOfLine), 0 when either is missing.
+func holSlowRatio(r ScenarioResult) float64 {
+	return safeRatio(r.HOLSlowTurnP99, r.HOLSlowIdleTurnP99)
+}
 
 // safeRatio is v/base, 0 when base is not positive.
 func safeRatio(v, base float64) float64 {

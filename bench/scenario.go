@@ -122,13 +122,22 @@ type ScenarioResult struct {
 	// the stream keeps its windows and every buffer on the shared
 	// connection full while the CPUs stay mostly free, so the ratio shows
 	// queueing behind it (the head-of-line target), not CPU contention.
-	LatencyHOLSlow    Latency `json:"latency_hol_slow_reader_us"`
-	HOLSlowBulkGbps   float64 `json:"hol_slow_reader_bulk_gbps"`
-	HOLSlowHBONEConns int     `json:"hol_slow_reader_hbone_tcp_conns"`
-	HOLSlowRatio      float64 `json:"hol_slow_reader_p99_ratio"`
-	HOLSlowRatioP50   float64 `json:"hol_slow_reader_p50_ratio"`
-	HarnessLag        Latency `json:"harness_lag_us"`
-	HarnessLagNew     Latency `json:"harness_lag_new_conn_us"`
+	// The writer pauses every other half second (headOfLine): requests
+	// once the stream has drained, when nothing moves on it, are the
+	// unloaded reference (LatencyHOLSlowIdle) that HOLSlowRatio divides by.
+	LatencyHOLSlow     Latency `json:"latency_hol_slow_reader_us"`
+	LatencyHOLSlowIdle Latency `json:"latency_hol_slow_reader_idle_us"`
+	// The median over the phase's half-second turns of each turn's p99,
+	// with the stream moving and idle (turnSplit): HOLSlowRatio is their
+	// ratio.
+	HOLSlowTurnP99     float64 `json:"hol_slow_reader_turn_p99_us"`
+	HOLSlowIdleTurnP99 float64 `json:"hol_slow_reader_idle_turn_p99_us"`
+	HOLSlowBulkGbps    float64 `json:"hol_slow_reader_bulk_gbps"`
+	HOLSlowHBONEConns  int     `json:"hol_slow_reader_hbone_tcp_conns"`
+	HOLSlowRatio       float64 `json:"hol_slow_reader_p99_ratio"`
+	HOLSlowRatioP50    float64 `json:"hol_slow_reader_p50_ratio"`
+	HarnessLag         Latency `json:"harness_lag_us"`
+	HarnessLagNew      Latency `json:"harness_lag_new_conn_us"`
 	// Plain loops of the same operations, measured just before each
 	// open-loop phase (selfcheck.go), and for direct the reasons its
 	// figures cannot be trusted (for the others: that their ratios rest on
@@ -226,24 +235,27 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		// carries (100), and the extra connections would stay pooled, so
 		// the bulk stream and the requests would no longer be known to
 		// share the one connection this phase is about.
-		for _, ph := range []struct {
-			port int
-			what string
-			lat  *Latency
-			gbps *float64
-			hc   *int
-		}{
-			{slowSinkPort, "a bulk stream with a slow reader", &res.LatencyHOLSlow, &res.HOLSlowBulkGbps, &res.HOLSlowHBONEConns},
-			{sinkPort, "a full-rate bulk stream", &res.LatencyHOL, &res.HOLBulkGbps, &res.HOLHBONEConns},
-		} {
-			h, err := r.headOfLine(ctx, p, d, r.cfg.duration, ph.port)
-			if err != nil {
-				return fmt.Errorf("head-of-line (%s): %w", ph.what, err)
-			}
-			*ph.lat, *ph.gbps, *ph.hc = h.latency, h.bulkGbps, h.hboneConn
-			r.progress("[%s] 1 KiB requests beside %s (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs (%.2f × the unloaded p99)",
-				d.name, ph.what, h.bulkGbps, h.hboneConn, h.latency.P50, h.latency.P99, safeRatio(h.latency.P99, res.Latency.P99))
+		slowFor := 2 * r.cfg.duration // half of it with the reader paused
+		if d.name == scDirect || d.name == scCrossNode {
+			slowFor = max(slowFor, r.cfg.holTargetPhase)
 		}
+		slow, err := r.headOfLine(ctx, p, d, slowFor, slowSinkPort, r.servers[d.server].slow)
+		if err != nil {
+			return fmt.Errorf("head-of-line (a bulk stream with a slow reader): %w", err)
+		}
+		res.LatencyHOLSlow, res.LatencyHOLSlowIdle = slow.latency, slow.idle
+		res.HOLSlowTurnP99, res.HOLSlowIdleTurnP99 = slow.turnP99[0], slow.turnP99[1]
+		res.HOLSlowBulkGbps, res.HOLSlowHBONEConns = slow.bulkGbps, slow.hboneConn
+		r.progress("[%s] 1 KiB requests beside a bulk stream with a slow reader (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs, a half-second turn's median p99 %.0fµs; in the turns between, the stream idle: p50 %.0fµs p99 %.0fµs, median p99 %.0fµs (%.2f×)",
+			d.name, slow.bulkGbps, slow.hboneConn, slow.latency.P50, slow.latency.P99, slow.turnP99[0],
+			slow.idle.P50, slow.idle.P99, slow.turnP99[1], safeRatio(slow.turnP99[0], slow.turnP99[1]))
+		full, err := r.headOfLine(ctx, p, d, r.cfg.duration, sinkPort, nil)
+		if err != nil {
+			return fmt.Errorf("head-of-line (a full-rate bulk stream): %w", err)
+		}
+		res.LatencyHOL, res.HOLBulkGbps, res.HOLHBONEConns = full.latency, full.bulkGbps, full.hboneConn
+		r.progress("[%s] 1 KiB requests beside a full-rate bulk stream (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs (%.2f × the unloaded p99)",
+			d.name, full.bulkGbps, full.hboneConn, full.latency.P50, full.latency.P99, safeRatio(full.latency.P99, res.Latency.P99))
 
 		if res.LoopNewConn, err = p.baselineLoop(ctx, false); err != nil {
 			return fmt.Errorf("loop (new connections): %w", err)
@@ -314,7 +326,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	res.HOLRatio = holRatio(res)
 	res.HOLRatioP50 = safeRatio(res.LatencyHOL.P50, res.Latency.P50)
 	res.HOLSlowRatio = holSlowRatio(res)
-	res.HOLSlowRatioP50 = safeRatio(res.LatencyHOLSlow.P50, res.Latency.P50)
+	res.HOLSlowRatioP50 = safeRatio(res.LatencyHOLSlow.P50, res.LatencyHOLSlowIdle.P50)
 	res.DurationSeconds = time.Since(started).Seconds()
 	return res, nil
 }

@@ -43,6 +43,7 @@ const echoBuf = 2 << 10
 // podServers are the echo and sink servers of one pod.
 type podServers struct {
 	pod  *nstest.Pod
+	slow *valve // counts what the slow sink reads (head-of-line phase)
 	lns  []net.Listener
 	wg   sync.WaitGroup
 	errs atomic.Int64 // server-side failures (read errors other than EOF, corrupted streams)
@@ -55,11 +56,12 @@ type podServers struct {
 // startServers listens on echoPort, sinkPort and slowSinkPort at the pod's
 // address.
 func startServers(p *nstest.Pod) (*podServers, error) {
-	s := &podServers{pod: p, conns: map[net.Conn]struct{}{}}
+	s := &podServers{pod: p, slow: newValve(), conns: map[net.Conn]struct{}{}}
+	slow := func(c net.Conn) error { return sink(c, 16<<10, slowReaderRate, s.slow) }
 	for _, h := range []struct {
 		port  int
 		serve func(net.Conn) error
-	}{{echoPort, serveEcho}, {sinkPort, serveSink}, {slowSinkPort, serveSlowSink}} {
+	}{{echoPort, serveEcho}, {sinkPort, serveSink}, {slowSinkPort, slow}} {
 		ln, err := p.Listen("tcp", netip.AddrPortFrom(p.IP, uint16(h.port)).String())
 		if err != nil {
 			s.stop()
@@ -146,28 +148,35 @@ func serveEcho(c net.Conn) error {
 	}
 }
 
-func serveSink(c net.Conn) error { return sink(c, maxChunk, 0) }
-
-// serveSlowSink reads at most slowReaderRate bytes per second in 16 KiB
-// reads, so the sender sees a receiver that is always behind.
-func serveSlowSink(c net.Conn) error { return sink(c, 16<<10, slowReaderRate) }
+func serveSink(c net.Conn) error { return sink(c, maxChunk, 0, nil) }
 
 // sink checks the pattern stream on c until EOF, reading chunk bytes at a
-// time and, when rate > 0, no faster than rate bytes per second; then it
-// answers the summary.
-func sink(c net.Conn, chunk int, rate float64) error {
+// time and, when rate > 0, no faster than rate bytes per second (the slow
+// sink: 16 KiB reads, so the sender sees a receiver that is always
+// behind); a non-nil v counts what it read. It then answers the summary.
+func sink(c net.Conn, chunk int, rate float64, v *valve) error {
 	buf := make([]byte, chunk)
 	chk := newChecker()
-	start := time.Now()
+	// The rate is kept from start on, counting bytes from base: a read
+	// that came late is caught up, but not time spent waiting for data (a
+	// paused writer), which would make a burst.
+	start, base := time.Now(), int64(0)
 	for {
 		if rate > 0 {
-			due := start.Add(time.Duration(float64(chk.off) / rate * float64(time.Second)))
+			due := start.Add(time.Duration(float64(chk.off-base) / rate * float64(time.Second)))
 			if wait := time.Until(due); wait > 0 {
 				time.Sleep(wait)
 			}
 		}
+		t0 := time.Now()
 		n, err := c.Read(buf)
+		if rate > 0 && time.Since(t0) > 5*time.Millisecond {
+			start, base = time.Now(), chk.off+int64(n)
+		}
 		chk.check(buf[:n])
+		if v != nil {
+			v.read.Add(int64(n))
+		}
 		if err == io.EOF {
 			break
 		}
@@ -182,4 +191,60 @@ func sink(c net.Conn, chunk int, rate float64) error {
 		return fmt.Errorf("sink summary: %w", err)
 	}
 	return chk.err()
+}
+
+// valve pauses the head-of-line phase's bulk writer and tells when what
+// it wrote has all been read: closed and drained, the stream is open but
+// idle, so requests then are the unloaded reference measured in the same
+// seconds as the requests beside the moving stream.
+type valve struct {
+	mu sync.Mutex
+	ch chan struct{} // guarded by mu; closed while the valve is open
+
+	written, read atomic.Int64
+	parked        atomic.Bool // the writer waits in wait: written is final
+}
+
+func newValve() *valve {
+	ch := make(chan struct{})
+	close(ch)
+	return &valve{ch: ch}
+}
+
+func (v *valve) set(open bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	select {
+	case <-v.ch:
+		if !open {
+			v.ch = make(chan struct{})
+		}
+	default:
+		if open {
+			close(v.ch)
+		}
+	}
+}
+
+// wait returns once the valve is open; a nil valve always is.
+func (v *valve) wait() {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	ch := v.ch
+	v.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+		v.parked.Store(true)
+		<-ch
+		v.parked.Store(false)
+	}
+}
+
+// drained reports whether the writer is paused and every byte it wrote has
+// been read.
+func (v *valve) drained() bool {
+	return v.parked.Load() && v.read.Load() >= v.written.Load()
 }

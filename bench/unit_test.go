@@ -223,14 +223,14 @@ func TestIdleFit(t *testing.T) {
 }
 
 func TestTargets(t *testing.T) {
-	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, LatencyHOL: Latency{P99: 900}, LatencyHOLSlow: Latency{P99: 310}}
+	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, LatencyHOL: Latency{P99: 900}, HOLSlowTurnP99: 310, HOLSlowIdleTurnP99: 300}
 	// good's full-rate ratio (10) does not count: only the slow-reader one is a target.
-	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450}, LatencyHOL: Latency{P99: 4500}, LatencyHOLSlow: Latency{P99: 890},
+	good := ScenarioResult{Name: scCrossNode, Throughput1: 6, Latency: Latency{P50: 150, P99: 450}, LatencyHOL: Latency{P99: 4500}, HOLSlowTurnP99: 890, HOLSlowIdleTurnP99: 450,
 		CPUVCPU: 0.02, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 9000}
-	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600}, LatencyHOL: Latency{P99: 900}, LatencyHOLSlow: Latency{P99: 6000},
+	bad := ScenarioResult{Name: scCrossNode, Throughput1: 4, Latency: Latency{P50: 250, P99: 600}, LatencyHOL: Latency{P99: 900}, HOLSlowTurnP99: 6000, HOLSlowIdleTurnP99: 600,
 		CPUVCPU: 0.05, RSSMB: 20, BytesPerIdleConn: 20000, ConnPerS: 1000}
 	noHOL := good
-	noHOL.LatencyHOLSlow = Latency{}
+	noHOL.HOLSlowTurnP99, noHOL.HOLSlowIdleTurnP99 = 0, 0
 	cases := []struct {
 		name    string
 		rs      []ScenarioResult
@@ -264,8 +264,8 @@ func TestTargets(t *testing.T) {
 }
 
 func TestHOLTargetNotesDirectFloor(t *testing.T) {
-	direct := ScenarioResult{Name: scDirect, Latency: Latency{P99: 300}, LatencyHOL: Latency{P99: 9000}, LatencyHOLSlow: Latency{P99: 330}}
-	x := ScenarioResult{Name: scCrossNode, Latency: Latency{P99: 1000}, LatencyHOL: Latency{P99: 25000}, LatencyHOLSlow: Latency{P99: 1500}}
+	direct := ScenarioResult{Name: scDirect, Latency: Latency{P99: 300}, LatencyHOL: Latency{P99: 9000}, HOLSlowTurnP99: 330, HOLSlowIdleTurnP99: 300}
+	x := ScenarioResult{Name: scCrossNode, Latency: Latency{P99: 1000}, LatencyHOL: Latency{P99: 25000}, HOLSlowTurnP99: 1500, HOLSlowIdleTurnP99: 1000}
 	for _, tg := range targets([]ScenarioResult{direct, x}) {
 		if tg.Name != targetHOL {
 			continue
@@ -530,7 +530,7 @@ func TestPeerRowsInTable(t *testing.T) {
 }
 
 func TestMarkBusy(t *testing.T) {
-	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, LatencyHOLSlow: Latency{P99: 150}}})
+	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, HOLSlowTurnP99: 150, HOLSlowIdleTurnP99: 100}})
 	markBusy(ts, false)
 	for _, tg := range ts {
 		if strings.Contains(tg.Note, "busy") {

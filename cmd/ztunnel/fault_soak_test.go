@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,35 +193,33 @@ func TestFaultSoak(t *testing.T) {
 		}
 	})
 
-	// Anonymous RSS under this load wanders by ±0.8 MiB (±9 %) from sample
-	// to sample while the live heap stays flat (the runtime returns pages
-	// lazily; pods come and go), so single samples cannot carry a 10 %
-	// bound. The baseline is the high-water mark of five samples 1 s apart
-	// at the end of warm-up (the plateau's top); the end is the median of
-	// five samples 1 s apart. A leak moves the median past the plateau.
-	samples := func() []sample {
-		ss := make([]sample, 5)
-		for i := range ss {
-			if i > 0 {
-				time.Sleep(time.Second)
-			}
-			ss[i] = measure()
-		}
-		sort.Slice(ss, func(a, b int) bool { return ss[a].rss < ss[b].rss })
-		return ss
-	}
-	time.Sleep(warmup - 4*time.Second)
-	warm := samples()[4]
-	series := []string{fmt.Sprintf("%.1f/%.1f", warm.rss, warm.heap)}
-	var end sample
-	for range soak/(10*time.Second) - 1 { // 3 samples, then the end's five
-		time.Sleep(10 * time.Second)
+	// Anonymous RSS under this load wanders by ±1 MiB (±12 %) over tens of
+	// seconds while the live heap stays flat (the runtime returns pages
+	// lazily; pods come and go; buffers are touched for the first time), so
+	// comparing a few samples at the end with a few after warm-up failed
+	// now and then with nothing leaking (+10.3 % and +13.2 % in full test
+	// runs; −21.5 % in another). A leak is a trend: the bound applies to
+	// the least-squares line through one sample a second over the whole
+	// soak — its rise over the soak must stay within 10 % of its start.
+	time.Sleep(warmup)
+	var at, rssAt []float64
+	var series []string
+	var first, last sample
+	t0 := time.Now()
+	for i := 0; time.Since(t0) < soak; i++ {
 		s := measure()
-		series = append(series, fmt.Sprintf("%.1f/%.1f", s.rss, s.heap))
+		at, rssAt = append(at, time.Since(t0).Seconds()), append(rssAt, s.rss)
+		if i == 0 {
+			first = s
+		}
+		if i%10 == 0 {
+			series = append(series, fmt.Sprintf("%.1f/%.1f", s.rss, s.heap))
+		}
+		last = s
+		time.Sleep(time.Second)
 	}
-	time.Sleep(6 * time.Second)
-	end = samples()[2]
-	series = append(series, fmt.Sprintf("%.1f/%.1f", end.rss, end.heap))
+	slope, start := lineFit(at, rssAt)
+	rise := slope * soak.Seconds()
 	close(stop)
 	wg.Wait()
 	var idle sample
@@ -238,15 +236,53 @@ func TestFaultSoak(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if end.rss > warm.rss*1.10 {
-		t.Errorf("RSS %.1f MiB at the end > %.1f MiB after warm-up + 10%%", end.rss, warm.rss)
+	if rise > 0.10*start {
+		t.Errorf("anonymous RSS trend rose %.2f MiB over the %v soak from %.2f MiB (> 10 %%): %d samples %v",
+			rise, soak, start, len(rssAt), rssAt)
 	}
 	if reqFailed.Load() > 0 || bulkFailed.Load() > 0 {
 		t.Errorf("%d request and %d bulk failures; first: %v", reqFailed.Load(), bulkFailed.Load(), firstErr.Load())
 	}
 	t.Logf("fault soak: %v: bulk=%d MiB requests=%d (1 KiB each way) conns=%d pods_cycled=%d failures=%d",
 		warmup+soak, bulkBytes.Load()>>20, requests.Load(), connsMade.Load(), podsCycled.Load(), reqFailed.Load()+bulkFailed.Load())
-	t.Logf("fault soak: rss_anon/live heap every 10 s (first: highest of five at the end of warm-up, last: median of five at the end): %v MiB", series)
-	t.Logf("fault soak: rss_anon %.1f MiB after warm-up → %.1f MiB at end (%+.1f%%); idle before→after: fds %d→%d goroutines %v→%v hbone_conns %v→%v",
-		warm.rss, end.rss, 100*(end.rss-warm.rss)/warm.rss, idle0.fds, idle.fds, idle0.goroutines, idle.goroutines, idle0.hbc, idle.hbc)
+	t.Logf("fault soak: rss_anon/live heap every 10 s after warm-up: %v MiB", series)
+	t.Logf("fault soak: rss_anon trend over the soak %.2f → %.2f MiB (%+.1f%%; first/last sample %.1f/%.1f); idle before→after: fds %d→%d goroutines %v→%v hbone_conns %v→%v",
+		start, start+rise, 100*rise/start, first.rss, last.rss, idle0.fds, idle.fds, idle0.goroutines, idle.goroutines, idle0.hbc, idle.hbc)
+}
+
+// lineFit is the least-squares line y = slope·x + intercept through the
+// points (xs[i], ys[i]).
+func lineFit(xs, ys []float64) (slope, intercept float64) {
+	n := float64(len(xs))
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx += xs[i]
+		sy += ys[i]
+		sxx += xs[i] * xs[i]
+		sxy += xs[i] * ys[i]
+	}
+	d := n*sxx - sx*sx
+	if d == 0 {
+		return 0, sy / max(n, 1)
+	}
+	slope = (n*sxy - sx*sy) / d
+	return slope, (sy - slope*sx) / n
+}
+
+func TestLineFit(t *testing.T) {
+	// y = 0.5x + 8 with noise that is symmetric about the line (sums to
+	// zero, and so does x·noise), but makes the last point the highest.
+	xs := []float64{0, 1, 2, 3}
+	noise := []float64{-0.3, 0.9, -0.9, 0.3}
+	ys := make([]float64, len(xs))
+	for i, x := range xs {
+		ys[i] = 0.5*x + 8 + noise[i]
+	}
+	slope, icept := lineFit(xs, ys)
+	if math.Abs(slope-0.5) > 1e-9 || math.Abs(icept-8) > 1e-9 {
+		t.Fatalf("lineFit = %v, %v; want 0.5, 8", slope, icept)
+	}
+	if s, i := lineFit([]float64{1}, []float64{3}); s != 0 || i != 3 {
+		t.Fatalf("one point: %v, %v", s, i)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,25 @@ type Request struct {
 	conn     *serverConn
 	answered atomic.Bool
 	stream   *ServerStream // set by Accept, before it returns
+
+	// end finishes the request (serveStream); detached: the Handler called
+	// Detach, so returning does not run end. Both belong to the Handler's
+	// goroutine until it returns.
+	end      func()
+	detached bool
+}
+
+// Detach lets the Handler return while the accepted stream lives on, so
+// that the stream's copy can continue on a goroutine with a smaller stack
+// than the one that set it up. Everything the Handler's return would do
+// (end the stream if still open, cancel the Handler's context, release
+// Shutdown's wait for handlers) happens when finish is called instead;
+// finish must be called exactly once (later calls do nothing), after the
+// last use of the stream. Detach may only be called by the Handler.
+func (r *Request) Detach() (finish func()) {
+	r.detached = true
+	var once sync.Once
+	return func() { once.Do(r.end) }
 }
 
 // PeerCertificates returns the client's certificate chain, leaf first.
@@ -128,7 +148,7 @@ func (r *Request) finish() {
 }
 
 // ServerStream is an accepted CONNECT stream, valid until the Handler
-// returns. It implements net.Conn plus CloseWrite, Reset and SetLinger, and
+// returns (after Detach: until finish is called). It implements net.Conn plus CloseWrite, Reset and SetLinger, and
 // io.ReaderFrom/io.WriterTo (CopyFrom, CopyTo). Read and Write may be
 // called from different goroutines.
 type ServerStream struct {

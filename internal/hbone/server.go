@@ -363,16 +363,25 @@ func (s *Server) startStream(connCtx context.Context, sc *serverConn, hs *h2stre
 
 // serveStream validates the CONNECT and hands it to the Handler.
 func (s *Server) serveStream(ctx context.Context, cancel context.CancelFunc, sc *serverConn, hs *h2stream, mh *http2.MetaHeadersFrame) {
-	defer func() {
+	req := &Request{s: s, st: hs, conn: sc, TLS: sc.tls, RemoteAddr: sc.remote, LocalAddr: sc.local}
+	counted := false
+	req.end = func() {
+		if counted {
+			s.metrics.streamDelta(-1)
+		}
+		req.finish()
 		cancel()
 		if s.handlers.Add(-1) == 0 && s.shutting.Load() {
 			s.mu.Lock()
 			s.checkIdleLocked()
 			s.mu.Unlock()
 		}
+	}
+	defer func() {
+		if !req.detached {
+			req.end()
+		}
 	}()
-	req := &Request{s: s, st: hs, conn: sc, TLS: sc.tls, RemoteAddr: sc.remote, LocalAddr: sc.local}
-	defer req.finish()
 	if s.done.Load() || ctx.Err() != nil {
 		// Started after Shutdown finished, or the stream is already gone.
 		req.answered.Store(true)
@@ -380,7 +389,7 @@ func (s *Server) serveStream(ctx context.Context, cancel context.CancelFunc, sc 
 		return
 	}
 	s.metrics.streamDelta(1)
-	defer s.metrics.streamDelta(-1)
+	counted = true
 
 	method, authority := mh.PseudoValue("method"), mh.PseudoValue("authority")
 	if mh.Truncated {

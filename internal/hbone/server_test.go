@@ -347,3 +347,55 @@ func TestServerRejectsOversizedHeaders(t *testing.T) {
 		t.Errorf("rejects_total{%s} = %v, want 1", ReasonHeadersTooLarge, got)
 	}
 }
+
+// TestDetach: a Handler that detaches returns at once; its stream keeps
+// working on another goroutine, the Handler's context stays live, and
+// Shutdown waits for finish, not for the Handler's return.
+func TestDetach(t *testing.T) {
+	returned := make(chan struct{})
+	finished := make(chan struct{})
+	e := newEnv(t, func(ctx context.Context, req *Request) {
+		st, err := req.Accept(nil)
+		if err != nil {
+			return
+		}
+		finish := req.Detach()
+		go func() {
+			defer close(finished)
+			<-returned
+			if ctx.Err() != nil {
+				t.Error("the Handler's context ended when it returned")
+			}
+			io.Copy(st, st) // echo until the client half-closes
+			st.CloseWrite()
+			finish()
+			finish() // harmless
+			if ctx.Err() == nil {
+				t.Error("finish left the Handler's context live")
+			}
+		}()
+		defer close(returned)
+	}, envOpts{})
+	s, err := e.pool.Connect(testCtx(t), e.key, "10.0.0.1:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	recvTimeout(t, returned, "handler return")
+	s.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := []byte("after the handler returned")
+	if _, err := s.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != string(msg) {
+		t.Fatalf("echo %q, %v", got, err)
+	}
+	// Shutdown must wait for the detached stream: it is still open.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown with a detached stream open: %v, want DeadlineExceeded", err)
+	}
+	recvTimeout(t, finished, "finish after the forced shutdown")
+}

@@ -21,7 +21,12 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 	rec := newRecord(p.m, p.log, "inbound", src, dst)
 	rec.hbone = req.LocalAddr.String()
 	var perr error
-	defer func() { rec.done(&perr) }()
+	relayed := false // then the relay's cleanup records the connection
+	defer func() {
+		if !relayed {
+			rec.done(&perr)
+		}
+	}()
 
 	peer := identity.Identity{}
 	if req.TLS != nil {
@@ -57,21 +62,27 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 		req.Reject(http.StatusServiceUnavailable, "upstream connect failed")
 		return
 	}
-	defer up.Close()
 	stream, err := req.Accept(nil)
 	if err != nil {
+		up.Close()
 		perr = err
 		return
 	}
-	defer stream.Close()
 	rec.open(rec.labels)
 	untrack := p.conns.add(&tracked{
 		rec:     rec,
 		close:   func() { abort(stream, up) },
 		recheck: p.recheck(dstW.UID, conn),
 	})
-	defer untrack()
-	perr = pipe(stream, up, &rec.counts)
+	finish := req.Detach()
+	relayed = true
+	p.relay(stream, up, &rec.counts, func(err error) {
+		untrack()
+		stream.Close()
+		up.Close()
+		rec.done(&err)
+		finish()
+	})
 }
 
 // handlePlaintext serves a redirected plaintext inbound connection (15006).

@@ -178,15 +178,31 @@ func (p *Proxy) handleOutbound(conn *net.TCPConn) {
 		return
 	}
 	rec := newRecord(p.m, p.log, "outbound", src, dst)
-	defer conn.Close()
-	var perr error
-	defer func() { rec.done(&perr) }()
+	up, cancel, err := p.dialOutbound(rec, src, dst)
+	if err != nil {
+		rec.done(&err)
+		conn.Close()
+		return
+	}
+	rec.open(rec.labels)
+	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }})
+	p.relay(conn, up, &rec.counts, func(err error) {
+		untrack()
+		up.Close()
+		cancel() // the HBONE stream's context: only now
+		rec.done(&err)
+		conn.Close()
+	})
+}
 
+// dialOutbound routes an outbound connection and connects its upstream
+// (an HBONE stream or a plain TCP connection); cancel ends the context the
+// upstream was opened with. On error nothing is left open.
+func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn, cancel context.CancelFunc, err error) {
 	snap := p.opts.State()
 	if p.isOwnListener(snap, dst) {
-		perr = &routeError{reasonLoop, fmt.Sprintf("destination %s is ztunnel's own listener", dst)}
 		p.m.rejected.WithLabelValues("outbound", reasonLoop).Inc()
-		return
+		return nil, nil, &routeError{reasonLoop, fmt.Sprintf("destination %s is ztunnel's own listener", dst)}
 	}
 	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
 	if srcW != nil && !p.isLocal(srcW) {
@@ -195,35 +211,29 @@ func (p *Proxy) handleOutbound(conn *net.TCPConn) {
 	r, err := p.resolve(snap, srcW, dst)
 	rec.labels = p.outboundLabels(srcW, r)
 	if err != nil {
-		perr = err
 		var re *routeError
 		if errors.As(err, &re) {
 			p.m.rejected.WithLabelValues("outbound", re.reason).Inc()
 		}
-		return
+		return nil, nil, err
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
-	defer cancel()
-	var up net.Conn
 	switch r.kind {
 	case routeHBONE:
 		rec.hbone = r.target.String()
-		up, perr = p.connectHBONE(ctx, r, src, srcW)
+		up, err = p.connectHBONE(ctx, r, src, srcW)
 	default:
 		dctx, dcancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
-		up, perr = p.opts.Dial(dctx, "tcp", r.target.String())
+		up, err = p.opts.Dial(dctx, "tcp", r.target.String())
 		dcancel()
 	}
-	if perr != nil {
+	if err != nil {
+		cancel()
 		rec.labels.ResponseFlags = flagConnect
 		p.m.rejected.WithLabelValues("outbound", reasonDialFailed).Inc()
-		return
+		return nil, nil, err
 	}
-	defer up.Close()
-	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }})
-	defer untrack()
-	perr = pipe(conn, up, &rec.counts)
+	return up, cancel, nil
 }
 
 func (p *Proxy) connectHBONE(ctx context.Context, r route, src netip.AddrPort, srcW *state.Workload) (net.Conn, error) {

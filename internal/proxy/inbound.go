@@ -87,7 +87,6 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 
 // handlePlaintext serves a redirected plaintext inbound connection (15006).
 func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
-	defer conn.Close()
 	src := addrPort(conn.RemoteAddr())
 	dst, err := sockopt.OriginalDst(conn)
 	if err != nil {
@@ -95,7 +94,13 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 	}
 	rec := newRecord(p.m, p.log, "inbound", src, dst)
 	var perr error
-	defer func() { rec.done(&perr) }()
+	relayed := false // then the relay's cleanup records and closes
+	defer func() {
+		if !relayed {
+			rec.done(&perr)
+			conn.Close()
+		}
+	}()
 
 	snap := p.opts.State()
 	dstW := snap.WorkloadByAddr(p.opts.Network, dst.Addr())
@@ -127,11 +132,15 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 		p.m.rejected.WithLabelValues("inbound", reasonDialFailed).Inc()
 		return
 	}
-	defer up.Close()
 	rec.open(rec.labels)
 	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }, recheck: p.recheck(dstW.UID, c)})
-	defer untrack()
-	perr = pipe(conn, up, &rec.counts)
+	relayed = true
+	p.relay(conn, up, &rec.counts, func(err error) {
+		untrack()
+		up.Close()
+		rec.done(&err)
+		conn.Close()
+	})
 }
 
 // recheck returns the policy re-evaluation for a live inbound connection:

@@ -189,11 +189,12 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 // open while both ran; with a valve, also the requests' latency while the
 // bulk stream was idle.
 type holResult struct {
-	latency   Latency
-	idle      Latency
-	turnP99   [2]float64 // with a valve: turnSplit's loadedTurnP99, idleTurnP99
-	bulkGbps  float64
-	hboneConn int
+	latency Latency
+	idle    Latency
+	// With a valve: turnSplit's loadedTurnP99 and idleTurnP99.
+	turnP99, idleTurnP99 float64
+	bulkGbps             float64
+	hboneConn            int
 }
 
 // headOfLine runs the 1000 rps reused-connection latency phase while one
@@ -272,7 +273,8 @@ func (r *runner) headOfLine(ctx context.Context, p *path, d scenarioDef, dur tim
 	res.latency = lat.latency
 	if v != nil {
 		ts := splitByTurn(lat, turns, holSettle)
-		res.latency, res.idle, res.turnP99 = ts.loaded, ts.idle, [2]float64{ts.loadedTurnP99, ts.idleTurnP99}
+		res.latency, res.idle = ts.loaded, ts.idle
+		res.turnP99, res.idleTurnP99 = ts.loadedTurnP99, ts.idleTurnP99
 	}
 	res.bulkGbps = gbps(b.n, time.Since(t0))
 	return res, nil

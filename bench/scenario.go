@@ -235,7 +235,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		// carries (100), and the extra connections would stay pooled, so
 		// the bulk stream and the requests would no longer be known to
 		// share the one connection this phase is about.
-		slowFor := 2 * r.cfg.duration // half of it with the reader paused
+		slowFor := 2 * r.cfg.duration // about half of it with the stream idle
 		if d.name == scDirect || d.name == scCrossNode {
 			slowFor = max(slowFor, r.cfg.holTargetPhase)
 		}
@@ -244,11 +244,11 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			return fmt.Errorf("head-of-line (a bulk stream with a slow reader): %w", err)
 		}
 		res.LatencyHOLSlow, res.LatencyHOLSlowIdle = slow.latency, slow.idle
-		res.HOLSlowTurnP99, res.HOLSlowIdleTurnP99 = slow.turnP99[0], slow.turnP99[1]
+		res.HOLSlowTurnP99, res.HOLSlowIdleTurnP99 = slow.turnP99, slow.idleTurnP99
 		res.HOLSlowBulkGbps, res.HOLSlowHBONEConns = slow.bulkGbps, slow.hboneConn
 		r.progress("[%s] 1 KiB requests beside a bulk stream with a slow reader (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs, a half-second turn's median p99 %.0fµs; in the turns between, the stream idle: p50 %.0fµs p99 %.0fµs, median p99 %.0fµs (%.2f×)",
-			d.name, slow.bulkGbps, slow.hboneConn, slow.latency.P50, slow.latency.P99, slow.turnP99[0],
-			slow.idle.P50, slow.idle.P99, slow.turnP99[1], safeRatio(slow.turnP99[0], slow.turnP99[1]))
+			d.name, slow.bulkGbps, slow.hboneConn, slow.latency.P50, slow.latency.P99, slow.turnP99,
+			slow.idle.P50, slow.idle.P99, slow.idleTurnP99, safeRatio(slow.turnP99, slow.idleTurnP99))
 		full, err := r.headOfLine(ctx, p, d, r.cfg.duration, sinkPort, nil)
 		if err != nil {
 			return fmt.Errorf("head-of-line (a full-rate bulk stream): %w", err)

@@ -65,8 +65,8 @@
 //
 // Flow control is upstream's: 4 MiB stream and 16 MiB connection windows,
 // a stream WINDOW_UPDATE per 128 KiB consumed and a connection one per
-// quarter window (tuning.go). A stream
-// that stops consuming holds at most its window in memory.
+// quarter window (tuning.go). A stream that stops consuming holds at most
+// its window in memory.
 //
 // A new pooled connection waits for the server's SETTINGS (one round trip)
 // before carrying streams, so streams start with the peer's frame size and

@@ -148,8 +148,9 @@ func (r *Request) finish() {
 }
 
 // ServerStream is an accepted CONNECT stream, valid until the Handler
-// returns (after Detach: until finish is called). It implements net.Conn plus CloseWrite, Reset and SetLinger, and
-// io.ReaderFrom/io.WriterTo (CopyFrom, CopyTo). Read and Write may be
+// returns (after Detach: until finish is called). It implements net.Conn
+// plus CloseWrite, Reset and SetLinger, and io.ReaderFrom/io.WriterTo
+// (CopyFrom, CopyTo). Read and Write may be
 // called from different goroutines.
 type ServerStream struct {
 	*h2stream

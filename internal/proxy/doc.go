@@ -23,8 +23,8 @@
 // StartCopyTo: no buffer while idle and no goroutine for the stream →
 // socket direction), so an idle proxied connection costs one parked
 // goroutine, started once set-up is done so that it parks with a small
-// stack (relay; on 15008 the hbone Handler detaches); anything else uses pooled buffers that grow for bulk
-// traffic. Half-close and resets are propagated; a failure in either
+// stack (relay; on 15008 the hbone Handler detaches); anything else uses
+// pooled buffers that grow for bulk traffic. Half-close and resets are propagated; a failure in either
 // direction aborts both. Each connection produces one access-log line ("connection
 // complete") and one update of the istio_tcp_* metrics at close. Inbound
 // connections stay tracked so a policy change that now denies them closes

@@ -33,7 +33,7 @@ import (
 // touches most of them (protobuf descriptor registration of the xDS and CA
 // APIs, flag and config parsing, TLS setup), and they then stay mapped for
 // the life of the process although the data path uses a small part. Once
-// start-up is done, trimText drops the process's mappings of those pages;
+// start-up is done, the trimmer drops the process's mappings of those pages;
 // what the running proxy needs faults back in from the page cache on
 // first use (a minor fault, no I/O), so RSS afterwards is the working set.
 // It never touches writable or anonymous memory.
@@ -54,11 +54,15 @@ const (
 	trimEvery    = time.Minute
 )
 
-// textTrimmer schedules trimText.
+// textTrimmer schedules trims of the executable's read-only mappings.
 type textTrimmer struct {
-	log *slog.Logger
-
 	started time.Time
+	// regions are found once: a fixed-address executable's mappings do not
+	// move. A trim is then only the madvise calls, so little of the
+	// trimmer's own code faults back in after it (parsing /proc/self/maps
+	// and the ELF header, and logging, on every trim mapped ~25 faults ×
+	// 16 pages of code and data straight back).
+	regions []region
 
 	mu      sync.Mutex
 	soonT   *time.Timer // guarded by mu: pending trimDelay trim
@@ -67,7 +71,7 @@ type textTrimmer struct {
 }
 
 func newTextTrimmer(log *slog.Logger) *textTrimmer {
-	t := &textTrimmer{log: log, started: time.Now()}
+	t := &textTrimmer{started: time.Now(), regions: trimmableRegions(log)}
 	t.mu.Lock()
 	t.everyT = time.AfterFunc(trimEarly, t.periodic)
 	t.mu.Unlock()
@@ -101,9 +105,7 @@ func (t *textTrimmer) periodic() {
 	t.mu.Unlock()
 }
 
-func (t *textTrimmer) trim() {
-	t.log.Debug("trimmed text pages", "mapped_bytes", trimText(t.log))
-}
+func (t *textTrimmer) trim() { trimRegions(t.regions) }
 
 func (t *textTrimmer) stop() {
 	t.mu.Lock()
@@ -178,31 +180,43 @@ func containerMemoryLimit(files []string) (int64, string) {
 	return 0, ""
 }
 
-// trimText drops the process's page mappings of its executable's
-// read-only segments and returns how many bytes of mappings it covered.
-func trimText(log *slog.Logger) int64 {
+// trimmableRegions returns the mappings of the process's executable that
+// trimRegions may drop: its read-only segments, when it is a
+// fixed-address executable (else none).
+func trimmableRegions(log *slog.Logger) []region {
 	exe, err := os.Executable()
 	if err != nil || !fixedAddressELF(exe) {
-		return 0
+		log.Debug("text trimming off: not a fixed-address executable", "path", exe)
+		return nil
 	}
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
-		return 0
+		log.Debug("text trimming off", "error", err)
+		return nil
 	}
 	regions, err := readOnlyMappings(maps, exe)
 	if err != nil {
-		log.Debug("trim text: parse /proc/self/maps", "error", err)
-		return 0
+		log.Debug("text trimming off: parse /proc/self/maps", "error", err)
+		return nil
 	}
+	var total uintptr
+	for _, r := range regions {
+		total += r.end - r.start
+	}
+	log.Debug("text trimming on", "regions", len(regions), "bytes", total)
+	return regions
+}
+
+// trimRegions drops the process's page mappings of regions and returns how
+// many bytes of mappings it covered. It can only fail on an address range
+// that is not mapped (EINVAL, ENOMEM), which the regions are not.
+func trimRegions(regions []region) int64 {
 	var total int64
 	for _, r := range regions {
 		// The raw syscall: the region is not Go memory, so no slice of it.
-		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_DONTNEED); errno != 0 {
-			err := error(errno)
-			log.Debug("trim text: madvise", "start", fmt.Sprintf("%#x", r.start), "error", err)
-			continue
+		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_DONTNEED); errno == 0 {
+			total += int64(r.end - r.start)
 		}
-		total += int64(r.end - r.start)
 	}
 	return total
 }
@@ -210,7 +224,7 @@ func trimText(log *slog.Logger) int64 {
 // fixedAddressELF reports whether path is a non-PIE executable (ELF type
 // EXEC). A position-independent one has read-only pages that the loader
 // wrote relocations into (RELRO): dropping those would restore the
-// unrelocated bytes, so trimText leaves such a binary alone.
+// unrelocated bytes, so the trimmer leaves such a binary alone.
 func fixedAddressELF(path string) bool {
 	f, err := elf.Open(path)
 	if err != nil {

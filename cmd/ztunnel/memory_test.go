@@ -2,15 +2,21 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // idleRSSBudget is what a started, idle ztunnel (local config, built-in
@@ -112,6 +118,100 @@ func TestReadOnlyMappings(t *testing.T) {
 	want := []region{{0x400000, 0xcf1000}, {0xcf1000, 0x1799000}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("mappings = %x, want %x (writable and other files excluded)", got, want)
+	}
+}
+
+// TestTrimRegions maps a file read-only, touches every page, and checks
+// that a trim drops the mapping's resident pages and that they read back
+// unchanged from the page cache afterwards.
+func TestTrimRegions(t *testing.T) {
+	const size = 64 << 12
+	path := filepath.Join(t.TempDir(), "text")
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(path, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	start := uintptr(unsafe.Pointer(&m[0]))
+	sum, wantSum := 0, 0
+	for i := 0; i < size; i += 4096 {
+		sum, wantSum = sum+int(m[i]), wantSum+int(want[i])
+	}
+	if sum != wantSum {
+		t.Fatalf("mapping reads %d, the file %d", sum, wantSum)
+	}
+	if rss := mappingRSS(t, start); rss < size {
+		t.Fatalf("after touching every page: mapping RSS %d, want %d", rss, size)
+	}
+	if got := trimRegions([]region{{start, start + size}}); got != size {
+		t.Errorf("trimRegions covered %d bytes, want %d", got, size)
+	}
+	if rss := mappingRSS(t, start); rss != 0 {
+		t.Errorf("after the trim: mapping RSS %d, want 0", rss)
+	}
+	if !bytes.Equal(m, want) {
+		t.Error("the pages read back after the trim differ from the file")
+	}
+}
+
+// mappingRSS is the Rss line of /proc/self/smaps for the mapping at start.
+func mappingRSS(t *testing.T, start uintptr) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	prefix := strconv.FormatUint(uint64(start), 16) + "-"
+	for i, l := range lines {
+		if !strings.HasPrefix(l, prefix) {
+			continue
+		}
+		for _, f := range lines[i+1:] {
+			if v, ok := strings.CutPrefix(f, "Rss:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
+				if err != nil {
+					t.Fatalf("smaps Rss %q: %v", v, err)
+				}
+				return kb << 10
+			}
+		}
+	}
+	t.Fatalf("no mapping at %#x in /proc/self/smaps", start)
+	return 0
+}
+
+func TestTrimmableRegions(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := trimmableRegions(slog.New(slog.DiscardHandler))
+	if !fixedAddressELF(exe) {
+		if len(got) != 0 {
+			t.Errorf("position-independent %s: regions %x, want none", exe, got)
+		}
+		t.Skipf("%s is position-independent: nothing to trim", exe)
+	}
+	if len(got) < 2 {
+		t.Fatalf("regions %x: want the executable's code and read-only data", got)
+	}
+	// This function's own code lies in one of them.
+	pc := reflect.ValueOf(TestTrimmableRegions).Pointer()
+	if !slices.ContainsFunc(got, func(r region) bool { return r.start <= pc && pc < r.end }) {
+		t.Errorf("regions %x do not hold this test's code at %#x", got, pc)
 	}
 }
 

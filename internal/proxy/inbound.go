@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
@@ -16,18 +17,38 @@ import (
 // handleHBONE serves one CONNECT stream on 15008.
 func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 	defer p.conns.begin()()
-	src := req.RemoteAddr
-	dst := req.Authority
-	rec := newRecord(p.m, p.log, "inbound", src, dst)
+	rec := newRecord(p.m, p.log, "inbound", req.RemoteAddr, req.Authority)
 	rec.hbone = req.LocalAddr.String()
-	var perr error
-	relayed := false // then the relay's cleanup records the connection
-	defer func() {
-		if !relayed {
-			rec.done(&perr)
-		}
-	}()
+	up, recheck, err := p.admitHBONE(ctx, req, rec)
+	if err != nil {
+		rec.done(&err)
+		return
+	}
+	stream, err := req.Accept(nil)
+	if err != nil {
+		up.Close()
+		rec.done(&err)
+		return
+	}
+	rec.open(rec.labels)
+	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(stream, up) }, recheck: recheck})
+	finish := req.Detach()
+	p.relay(stream, up, &rec.counts, func(err error) {
+		untrack()
+		stream.Close()
+		up.Close()
+		rec.done(&err)
+		finish()
+	})
+}
 
+// admitHBONE labels rec from the stream's workloads and peer certificate,
+// checks that the destination is served here and that policy allows the
+// connection, and connects the destination. On error it has answered the
+// CONNECT (400, 401 or 503) and left nothing open. recheck re-evaluates
+// the policy for the live connection.
+func (p *Proxy) admitHBONE(ctx context.Context, req *hbone.Request, rec *record) (up net.Conn, recheck func() bool, err error) {
+	src, dst := req.RemoteAddr, req.Authority
 	peer := identity.Identity{}
 	if req.TLS != nil {
 		if id, err := identity.PeerIdentity(*req.TLS); err == nil {
@@ -39,50 +60,27 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
 	rec.labels = p.inboundLabels(srcW, dstW, peer, policyMutualTLS)
 	if !p.isLocal(dstW) {
-		perr = fmt.Errorf("proxy: inbound: %s is not a workload served here (%s/%s)", dst, p.opts.Local.Namespace, p.opts.Local.Name)
 		p.m.rejected.WithLabelValues("inbound", reasonNotLocal).Inc()
 		req.Reject(http.StatusBadRequest, "destination is not served by this ztunnel")
-		return
+		return nil, nil, fmt.Errorf("proxy: inbound: %s is not a workload served here (%s/%s)", dst, p.opts.Local.Namespace, p.opts.Local.Name)
 	}
 	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: dst.Addr(), DstPort: dst.Port(), SrcIdentity: peer.String()}
 	if d := authorize(snap, dstW, conn); !d.Allowed {
-		perr = fmt.Errorf("proxy: inbound: connection from %s (%s) to %s denied: %s", src, peer, dst, d)
 		rec.labels.ResponseFlags = flagDeny
 		p.m.denied.WithLabelValues("inbound", d.Policy).Inc()
 		req.Reject(http.StatusUnauthorized, "denied by authorization policy")
-		return
+		return nil, nil, fmt.Errorf("proxy: inbound: connection from %s (%s) to %s denied: %s", src, peer, dst, d)
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
-	up, err := p.dialInbound(dctx, dst, src.Addr())
+	up, err = p.dialInbound(dctx, dst, src.Addr())
 	cancel()
 	if err != nil {
-		perr = fmt.Errorf("proxy: inbound: dial %s: %w", dst, err)
 		rec.labels.ResponseFlags = flagConnect
 		p.m.rejected.WithLabelValues("inbound", reasonDialFailed).Inc()
 		req.Reject(http.StatusServiceUnavailable, "upstream connect failed")
-		return
+		return nil, nil, fmt.Errorf("proxy: inbound: dial %s: %w", dst, err)
 	}
-	stream, err := req.Accept(nil)
-	if err != nil {
-		up.Close()
-		perr = err
-		return
-	}
-	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{
-		rec:     rec,
-		close:   func() { abort(stream, up) },
-		recheck: p.recheck(dstW.UID, conn),
-	})
-	finish := req.Detach()
-	relayed = true
-	p.relay(stream, up, &rec.counts, func(err error) {
-		untrack()
-		stream.Close()
-		up.Close()
-		rec.done(&err)
-		finish()
-	})
+	return up, p.recheck(dstW.UID, conn), nil
 }
 
 // handlePlaintext serves a redirected plaintext inbound connection (15006).
@@ -93,54 +91,52 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 		dst = addrPort(conn.LocalAddr())
 	}
 	rec := newRecord(p.m, p.log, "inbound", src, dst)
-	var perr error
-	relayed := false // then the relay's cleanup records and closes
-	defer func() {
-		if !relayed {
-			rec.done(&perr)
-			conn.Close()
-		}
-	}()
-
-	snap := p.opts.State()
-	dstW := snap.WorkloadByAddr(p.opts.Network, dst.Addr())
-	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
-	rec.labels = p.inboundLabels(srcW, dstW, identity.Identity{}, policyUnknown)
-	if dst.Port() == HBONEPort || dst.Port() == InboundPlaintextPort || dst.Port() == OutboundPort {
-		perr = &routeError{reasonLoop, fmt.Sprintf("plaintext connection to ztunnel port %s", dst)}
-		p.m.rejected.WithLabelValues("inbound", reasonLoop).Inc()
-		return
-	}
-	if !p.isLocal(dstW) {
-		perr = fmt.Errorf("proxy: inbound plaintext: %s is not a workload served here", dst)
-		p.m.rejected.WithLabelValues("inbound", reasonNotLocal).Inc()
-		return
-	}
-	c := rbac.Conn{SrcIP: src.Addr(), DstIP: dst.Addr(), DstPort: dst.Port()}
-	if d := authorize(snap, dstW, c); !d.Allowed {
-		perr = fmt.Errorf("proxy: inbound plaintext: connection from %s to %s denied: %s", src, dst, d)
-		rec.labels.ResponseFlags = flagDeny
-		p.m.denied.WithLabelValues("inbound", d.Policy).Inc()
-		return
-	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
-	up, err := p.dialInbound(ctx, dst, src.Addr())
-	cancel()
+	up, recheck, err := p.admitPlaintext(rec, src, dst)
 	if err != nil {
-		perr = fmt.Errorf("proxy: inbound plaintext: dial %s: %w", dst, err)
-		rec.labels.ResponseFlags = flagConnect
-		p.m.rejected.WithLabelValues("inbound", reasonDialFailed).Inc()
+		rec.done(&err)
+		conn.Close()
 		return
 	}
 	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }, recheck: p.recheck(dstW.UID, c)})
-	relayed = true
+	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }, recheck: recheck})
 	p.relay(conn, up, &rec.counts, func(err error) {
 		untrack()
 		up.Close()
 		rec.done(&err)
 		conn.Close()
 	})
+}
+
+// admitPlaintext is admitHBONE for a plaintext connection from src to dst:
+// no peer identity, and nothing to answer on error (the caller closes).
+func (p *Proxy) admitPlaintext(rec *record, src, dst netip.AddrPort) (up net.Conn, recheck func() bool, err error) {
+	snap := p.opts.State()
+	dstW := snap.WorkloadByAddr(p.opts.Network, dst.Addr())
+	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
+	rec.labels = p.inboundLabels(srcW, dstW, identity.Identity{}, policyUnknown)
+	if dst.Port() == HBONEPort || dst.Port() == InboundPlaintextPort || dst.Port() == OutboundPort {
+		p.m.rejected.WithLabelValues("inbound", reasonLoop).Inc()
+		return nil, nil, &routeError{reasonLoop, fmt.Sprintf("plaintext connection to ztunnel port %s", dst)}
+	}
+	if !p.isLocal(dstW) {
+		p.m.rejected.WithLabelValues("inbound", reasonNotLocal).Inc()
+		return nil, nil, fmt.Errorf("proxy: inbound plaintext: %s is not a workload served here", dst)
+	}
+	c := rbac.Conn{SrcIP: src.Addr(), DstIP: dst.Addr(), DstPort: dst.Port()}
+	if d := authorize(snap, dstW, c); !d.Allowed {
+		rec.labels.ResponseFlags = flagDeny
+		p.m.denied.WithLabelValues("inbound", d.Policy).Inc()
+		return nil, nil, fmt.Errorf("proxy: inbound plaintext: connection from %s to %s denied: %s", src, dst, d)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
+	up, err = p.dialInbound(ctx, dst, src.Addr())
+	cancel()
+	if err != nil {
+		rec.labels.ResponseFlags = flagConnect
+		p.m.rejected.WithLabelValues("inbound", reasonDialFailed).Inc()
+		return nil, nil, fmt.Errorf("proxy: inbound plaintext: dial %s: %w", dst, err)
+	}
+	return up, p.recheck(dstW.UID, c), nil
 }
 
 // recheck returns the policy re-evaluation for a live inbound connection:

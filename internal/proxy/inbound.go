@@ -15,11 +15,11 @@ import (
 )
 
 // handleHBONE serves one CONNECT stream on 15008.
-func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
+func (p *Proxy) handleHBONE(_ context.Context, req *hbone.Request) {
 	defer p.conns.begin()()
 	rec := newRecord(p.m, p.log, "inbound", req.RemoteAddr, req.Authority)
 	rec.hbone = req.LocalAddr.String()
-	up, recheck, err := p.admitHBONE(ctx, req, rec)
+	up, recheck, err := p.admitHBONE(req, rec)
 	if err != nil {
 		rec.done(&err)
 		return
@@ -47,7 +47,7 @@ func (p *Proxy) handleHBONE(ctx context.Context, req *hbone.Request) {
 // connection, and connects the destination. On error it has answered the
 // CONNECT (400, 401 or 503) and left nothing open. recheck re-evaluates
 // the policy for the live connection.
-func (p *Proxy) admitHBONE(ctx context.Context, req *hbone.Request, rec *record) (up net.Conn, recheck func() bool, err error) {
+func (p *Proxy) admitHBONE(req *hbone.Request, rec *record) (up net.Conn, recheck func() bool, err error) {
 	src, dst := req.RemoteAddr, req.Authority
 	peer := identity.Identity{}
 	if req.TLS != nil {
@@ -71,7 +71,9 @@ func (p *Proxy) admitHBONE(ctx context.Context, req *hbone.Request, rec *record)
 		req.Reject(http.StatusUnauthorized, "denied by authorization policy")
 		return nil, nil, fmt.Errorf("proxy: inbound: connection from %s (%s) to %s denied: %s", src, peer, dst, d)
 	}
-	dctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	// From the proxy's context, not the request's, for the reason given
+	// at dialOutbound: the request's context lives as long as the stream.
+	dctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
 	up, err = p.dialInbound(dctx, dst, src.Addr())
 	cancel()
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // counters are a live connection's byte totals, in upstream's (and Istio's)
@@ -27,7 +29,10 @@ type record struct {
 	log    *slog.Logger
 	start  time.Time
 	labels TrafficLabels
-	values []string
+	// The connection's series, looked up once at open: 48 bytes held per
+	// live connection instead of the 23 label values (384), and a flush
+	// adds to them without hashing the values again.
+	closed, sent, received prometheus.Counter
 
 	direction string // "outbound" | "inbound"
 	src, dst  netip.AddrPort
@@ -50,9 +55,12 @@ func newRecord(m *Metrics, log *slog.Logger, direction string, src, dst netip.Ad
 // open marks the connection established with its final labels.
 func (r *record) open(l TrafficLabels) {
 	r.labels = l
-	r.values = l.values()
+	v := l.values()
 	r.opened = true
-	r.m.opened.WithLabelValues(r.values...).Inc()
+	r.m.opened.WithLabelValues(v...).Inc()
+	r.closed = r.m.closed.WithLabelValues(v...)
+	r.sent = r.m.sent.WithLabelValues(v...)
+	r.received = r.m.received.WithLabelValues(v...)
 }
 
 // done folds the byte counts into the metrics and writes the access log.
@@ -64,13 +72,10 @@ func (r *record) done(errp *error) {
 	}
 	recv, sent := r.counts.received.Load(), r.counts.sent.Load()
 	if r.opened {
-		r.m.closed.WithLabelValues(r.values...).Inc()
+		r.closed.Inc()
 		r.flush()
 	} else {
-		if r.values == nil {
-			r.values = r.labels.values()
-		}
-		r.m.failed.WithLabelValues(r.values...).Inc()
+		r.m.failed.WithLabelValues(r.labels.values()...).Inc()
 	}
 	// A failed connection is logged at WARN, so it still shows when the
 	// level hides the INFO line of every clean one.
@@ -126,11 +131,11 @@ func (r *record) flush() {
 	defer r.flushMu.Unlock()
 	recv, sent := r.counts.received.Load(), r.counts.sent.Load()
 	if d := recv - r.reportedRecv; d > 0 {
-		r.m.received.WithLabelValues(r.values...).Add(float64(d))
+		r.received.Add(float64(d))
 		r.reportedRecv = recv
 	}
 	if d := sent - r.reportedSent; d > 0 {
-		r.m.sent.WithLabelValues(r.values...).Add(float64(d))
+		r.sent.Add(float64(d))
 		r.reportedSent = sent
 	}
 }

@@ -17,8 +17,14 @@ import (
 // either makes the figures doubtful.
 const (
 	// busyLoadPerCore: load at start above this many runnable tasks per
-	// core marks the run busy.
+	// core, with busyCPUPerCore of the CPUs in use, marks the run busy.
+	// The runnable count alone is not enough: sampled from a Go process it
+	// reads about one task more than there is on an idle machine (0.9-1.1
+	// on 2 idle cores, 0.01-0.06 of them in use: the runtime wakes a
+	// second thread around the sampling goroutine's sleeps and reads), so
+	// by itself it flagged calm runs and made -quick wait for nothing.
 	busyLoadPerCore = 0.5
+	busyCPUPerCore  = 0.25
 	// loadWindow: the load is the number of runnable tasks averaged over
 	// this window, sampled every loadSampleEvery. The kernel's own load
 	// average is a one-minute exponential average: a build that ended 20 s
@@ -45,6 +51,13 @@ type LoadSample struct {
 	// LoadAvg1 is the kernel's one-minute load average at the end.
 	LoadAvg1 float64 `json:"loadavg_1m"`
 	Window   float64 `json:"window_s"`
+}
+
+// loaded reports whether s is a busy machine: more runnable tasks than
+// busyLoadPerCore and more CPU in use than busyCPUPerCore, per core.
+func (s LoadSample) loaded() bool {
+	cores := float64(runtime.NumCPU())
+	return s.Runnable > busyLoadPerCore*cores && s.CPUBusy > busyCPUPerCore*cores
 }
 
 // sampleLoad measures the load over loadWindow.
@@ -160,14 +173,13 @@ type MachineLoad struct {
 // until it is below the busy threshold. It returns the last sample.
 func settle(ctx context.Context, wait bool, log func(string, ...any)) (LoadSample, time.Duration, error) {
 	t0 := time.Now()
-	limit := busyLoadPerCore * float64(runtime.NumCPU())
 	said := false
 	for {
 		s, err := sampleLoad(ctx)
 		if err != nil {
 			return s, time.Since(t0), err
 		}
-		if !wait || s.Runnable <= limit {
+		if !wait || !s.loaded() {
 			return s, time.Since(t0), nil
 		}
 		if time.Since(t0)+loadWindow > settleBudget {
@@ -212,9 +224,9 @@ func probeLag(ctx context.Context, rate int) Latency {
 // probes against direct's reused-connection p99 (0: direct not run).
 func (m *MachineLoad) judgeBusy(directP99 float64) {
 	m.Busy, m.BusyReasons = false, nil
-	if limit := busyLoadPerCore * float64(runtime.NumCPU()); m.LoadStart.Runnable > limit {
-		m.BusyReasons = append(m.BusyReasons, fmt.Sprintf("load at start %.2f runnable tasks > %.1f per core × %d cores (%.2f cores busy; 1-min load average %.2f)",
-			m.LoadStart.Runnable, busyLoadPerCore, runtime.NumCPU(), m.LoadStart.CPUBusy, m.LoadStart.LoadAvg1))
+	if m.LoadStart.loaded() {
+		m.BusyReasons = append(m.BusyReasons, fmt.Sprintf("load at start %.2f runnable tasks > %.1f per core and %.2f cores busy > %.2f per core, × %d cores (1-min load average %.2f)",
+			m.LoadStart.Runnable, busyLoadPerCore, m.LoadStart.CPUBusy, busyCPUPerCore, runtime.NumCPU(), m.LoadStart.LoadAvg1))
 	}
 	if lag := max(m.LagStart.P99, m.LagEnd.P99); directP99 > 0 && lag > directP99 {
 		m.BusyReasons = append(m.BusyReasons, fmt.Sprintf("the harness's own send lag p99 %.0f µs (start %.0f, end %.0f) exceeds direct's p99 %.0f µs",

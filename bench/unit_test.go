@@ -437,6 +437,7 @@ func TestParseLoad(t *testing.T) {
 func TestJudgeBusy(t *testing.T) {
 	cores := float64(runtime.NumCPU())
 	calm := LoadSample{Runnable: 0.1}
+	loaded := LoadSample{Runnable: cores, CPUBusy: cores}
 	cases := []struct {
 		name      string
 		m         MachineLoad
@@ -444,9 +445,13 @@ func TestJudgeBusy(t *testing.T) {
 		reasons   int
 	}{
 		{"calm", MachineLoad{LoadStart: calm, LagStart: Latency{P99: 100}, LagEnd: Latency{P99: 150}}, 300, 0},
-		{"loaded at start", MachineLoad{LoadStart: LoadSample{Runnable: cores}, LagStart: Latency{P99: 100}}, 300, 1},
+		{"loaded at start", MachineLoad{LoadStart: loaded, LagStart: Latency{P99: 100}}, 300, 1},
+		// What a Go sampler reads on idle cores: about one runnable task
+		// more than there is, and no CPU in use.
+		{"runnable but idle CPUs", MachineLoad{LoadStart: LoadSample{Runnable: cores, CPUBusy: 0.03}, LagStart: Latency{P99: 100}}, 300, 0},
+		{"CPUs in use, nothing queued", MachineLoad{LoadStart: LoadSample{Runnable: 0.2, CPUBusy: cores}, LagStart: Latency{P99: 100}}, 300, 0},
 		{"lag at the end beyond direct's p99", MachineLoad{LoadStart: calm, LagEnd: Latency{P99: 5000}}, 300, 1},
-		{"both", MachineLoad{LoadStart: LoadSample{Runnable: cores}, LagStart: Latency{P99: 5000}}, 300, 2},
+		{"both", MachineLoad{LoadStart: loaded, LagStart: Latency{P99: 5000}}, 300, 2},
 		{"no direct: lag not judged", MachineLoad{LoadStart: calm, LagStart: Latency{P99: 5000}}, 0, 0},
 	}
 	for _, tc := range cases {

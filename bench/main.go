@@ -39,10 +39,7 @@ const (
 	// idleSettle: wait after a GC before reading RSS, so freed stacks and
 	// the GC's own work have settled.
 	idleSettle = 300 * time.Millisecond
-	// idleQuiet: how long the idle connections stay without traffic before
-	// they are measured (more than ztunnel's restAfter, 1 s).
-	idleQuiet = 1500 * time.Millisecond
-	holRampUp = 200 * time.Millisecond // bulk runs alone this long before requests start
+	holRampUp  = 200 * time.Millisecond // bulk runs alone this long before requests start
 	// holTurn is how long the slow-reader bulk stream moves, and then,
 	// once drained, stays idle, in turns (headOfLine, alternate); requests
 	// due in the first holSettle after it starts moving again count in
@@ -58,7 +55,7 @@ const (
 	defaultIdleConns = 10000
 	quickIdleConns   = 2000
 	quickDuration    = time.Second
-	quickBudget      = 80 * time.Second
+	quickBudget      = 75 * time.Second
 )
 
 // config is the harness configuration after flags.

@@ -163,13 +163,6 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 		return 0, err
 	}
 	conns = append(conns, more...)
-	// Idle means quiet for a while, not a byte moved a moment ago: ztunnel
-	// parks a quiet connection's copy on a fresh, small stack restAfter
-	// (internal/proxy) after its last data.
-	if err := sleepCtx(ctx, idleQuiet); err != nil {
-		closeAll(conns)
-		return 0, err
-	}
 	m1, err := measure()
 	if err != nil {
 		closeAll(conns)

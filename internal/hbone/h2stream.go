@@ -6,10 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -317,38 +315,7 @@ func (s *h2stream) write(p []byte) (int, error) {
 // only while bytes are there to read (see source). It does not end the
 // stream: CloseWrite does.
 func (s *h2stream) CopyFrom(src io.Reader, n *atomic.Int64) (int64, error) {
-	return s.copyFrom(src, n, 0)
-}
-
-// ErrRest is CopyFromResting's answer when its source went quiet. Nothing
-// is lost: the copy goes on with the next call.
-var ErrRest = errors.New("hbone: source quiet: copy paused")
-
-// CopyFromResting is CopyFrom that pauses once src, having sent data, has
-// then been quiet for rest (at most twice that): it returns ErrRest with
-// src's read deadline cleared, and the caller goes on with another call.
-//
-// Why: sending runs TLS on the caller's goroutine and grows its stack to
-// 4 KiB, which the runtime never gives back while the goroutine waits in a
-// read (it shrinks a stack only when under a quarter of it is in use,
-// counting an 800-byte margin). A caller that makes the next call from a
-// fresh goroutine waits on a 2 KiB stack instead. The read deadline is
-// armed only after data moved and is not re-armed once quiet, so a
-// connection idle for hours costs no timer and no wake-up. src must have
-// SetReadDeadline, and nothing else may set its read deadline meanwhile;
-// without SetReadDeadline, or with rest ≤ 0, this is CopyFrom.
-func (s *h2stream) CopyFromResting(src io.Reader, n *atomic.Int64, rest time.Duration) (int64, error) {
-	return s.copyFrom(src, n, rest)
-}
-
-func (s *h2stream) copyFrom(src io.Reader, n *atomic.Int64, rest time.Duration) (int64, error) {
 	rd := newSource(src)
-	dl, _ := src.(interface{ SetReadDeadline(time.Time) error })
-	if dl == nil {
-		rest = 0
-	}
-	// armed: the read deadline is set; moved: data came after it was.
-	armed, moved := false, false
 	var total int64
 	for {
 		s.c.mu.Lock()
@@ -364,30 +331,12 @@ func (s *h2stream) copyFrom(src io.Reader, n *atomic.Int64, rest time.Duration) 
 			if n != nil {
 				n.Add(int64(nr))
 			}
-			if armed {
-				moved = true
-			} else if rest > 0 {
-				armed = dl.SetReadDeadline(time.Now().Add(rest)) == nil
-			}
 		}
 		if b != nil {
 			putBuf(b)
 		}
 		if rerr == io.EOF {
 			return total, nil
-		}
-		if rerr != nil && armed && errors.Is(rerr, os.ErrDeadlineExceeded) {
-			if moved {
-				// Not quiet for a whole period yet: wait another.
-				moved = false
-				if dl.SetReadDeadline(time.Now().Add(rest)) == nil {
-					continue
-				}
-			}
-			if err := dl.SetReadDeadline(time.Time{}); err != nil {
-				return total, err
-			}
-			return total, ErrRest
 		}
 		if rerr != nil {
 			return total, rerr

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -244,101 +243,5 @@ func TestStreamInfo(t *testing.T) {
 	}
 	if err := s.SetDeadline(time.Time{}); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("SetDeadline: %v, want ErrUnsupported", err)
-	}
-}
-
-// TestCopyFromResting: a socket feeding a stream pauses the copy (ErrRest)
-// once it went quiet after sending, with nothing lost and its read
-// deadline cleared: the next call waits for data as long as it takes, and
-// ends at EOF as CopyFrom does.
-func TestCopyFromResting(t *testing.T) {
-	const rest = 100 * time.Millisecond
-	e := newEnv(t, echoHandler, envOpts{})
-	s, err := e.pool.Connect(testCtx(t), e.key, "127.0.0.1:9", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	// a → b is a socket pair: what the test writes on a, the copy reads
-	// from b and sends into the stream, and the echo comes back on s.
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-
-	type result struct {
-		n   int64
-		err error
-	}
-	// The copier goes on after each pause, as the proxy does (there from
-	// a fresh goroutine).
-	var moved atomic.Int64
-	results := make(chan result, 100)
-	go func() {
-		for {
-			n, err := s.CopyFromResting(b, &moved, rest)
-			results <- result{n, err}
-			if !errors.Is(err, ErrRest) {
-				return
-			}
-		}
-	}()
-	echo := func(msg string) {
-		t.Helper()
-		if _, err := a.Write([]byte(msg)); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(s, got); err != nil || string(got) != msg {
-			t.Fatalf("echo of %q: %q, %v", msg, got, err)
-		}
-	}
-
-	// Data, then quiet: the call pauses.
-	echo("one")
-	echo("two")
-	r := recvTimeout(t, results, "CopyFromResting to pause after its source went quiet")
-	if !errors.Is(r.err, ErrRest) || r.n != 6 {
-		t.Fatalf("first call: %d bytes, %v; want 6, ErrRest", r.n, r.err)
-	}
-	// No data: the next call waits well past the rest period (no
-	// deadline left behind, none armed while nothing moved).
-	select {
-	case r := <-results:
-		t.Fatalf("second call returned without data: %d, %v", r.n, r.err)
-	case <-time.After(5 * rest):
-	}
-	// Data keeps flowing through any pauses, then EOF ends the copy.
-	for i := range 5 {
-		echo(fmt.Sprint("msg", i))
-		time.Sleep(rest / 3)
-	}
-	if err := a.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	total := r.n
-	for {
-		r := recvTimeout(t, results, "CopyFromResting to end at EOF")
-		total += r.n
-		if r.err == nil {
-			break
-		}
-		if !errors.Is(r.err, ErrRest) {
-			t.Fatalf("call ended with %v", r.err)
-		}
-	}
-	if total != 26 || moved.Load() != 26 {
-		t.Errorf("copied %d bytes over the calls, counted %d; want 26", total, moved.Load())
 	}
 }

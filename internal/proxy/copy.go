@@ -7,9 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
-
-	"github.com/ztunnel-go/ztunnel/internal/hbone"
 )
 
 // Buffer sizes for copying between a TCP socket and an HBONE stream. An idle
@@ -40,39 +37,15 @@ type closeWriter interface {
 // their write side first keep working. An error in either direction (reset,
 // timeout, closed by a drain) aborts both. counts is updated as bytes move
 // so a live connection's totals can be read while it runs.
-func pipe(down, up net.Conn, counts *counters) error {
-	errc := make(chan error, 1)
-	pipeThen(down, up, counts, func(err error) { errc <- err })
-	return <-errc
-}
-
-// pipeThen is pipe calling then with its result instead of returning it,
-// possibly from another goroutine.
 //
 // With an HBONE stream on either side, the stream → socket direction runs
-// without a goroutine (StartCopyTo), and the socket → stream direction
-// pauses once the socket has been quiet for restAfter and goes on from a
-// fresh goroutine (copyResting): an idle proxied connection costs one
-// parked goroutine with a small stack.
-func pipeThen(down, up net.Conn, counts *counters, then func(error)) {
+// without a goroutine (StartCopyTo), so an idle proxied connection costs
+// one parked goroutine, this one (started by relay, so its stack is small).
+func pipe(down, up net.Conn, counts *counters) error {
 	errc := make(chan error, 1)
-	// end waits for the other direction once this one ended with err.
-	end := func(err error) error {
-		if err != nil {
-			// Unblock the other direction at once.
-			abort(down, up)
-			<-errc
-			return err
-		}
-		if err2 := <-errc; err2 != nil {
-			abort(down, up)
-			return err2
-		}
-		return nil
-	}
 	// done ends the goroutine-less direction. It runs on the stream's
 	// connection reader, which must not block: a failure aborts both ends
-	// (unblocking the other copy) from a goroutine of its own.
+	// (unblocking this goroutine's copy) from a goroutine of its own.
 	done := func(dst net.Conn) func(error) {
 		return func(err error) {
 			if err = finish(dst, err); err != nil {
@@ -81,50 +54,37 @@ func pipeThen(down, up net.Conn, counts *counters, then func(error)) {
 			errc <- err
 		}
 	}
+	var err error
 	if s, ok := down.(streamCopier); ok {
 		s.StartCopyTo(up, &counts.received, done(up))
-		copyResting(down, s, up, &counts.sent, func(err error) { then(end(err)) })
-		return
-	}
-	if s, ok := up.(streamCopier); ok {
+		err = copyDir(down, up, &counts.sent)
+	} else if s, ok := up.(streamCopier); ok {
 		s.StartCopyTo(down, &counts.sent, done(down))
-		copyResting(up, s, down, &counts.received, func(err error) { then(end(err)) })
-		return
+		err = copyDir(up, down, &counts.received)
+	} else {
+		go func() {
+			err := copyDir(up, down, &counts.received)
+			if err != nil {
+				// The other direction may be blocked reading a silent
+				// peer: unblock it.
+				abort(down, up)
+			}
+			errc <- err
+		}()
+		err = copyDir(down, up, &counts.sent)
 	}
-	go func() {
-		err := copyDir(up, down, &counts.received)
-		if err != nil {
-			// The other direction may be blocked reading a silent
-			// peer: unblock it.
-			abort(down, up)
-		}
-		errc <- err
-	}()
-	then(end(copyDir(down, up, &counts.sent)))
-}
-
-// restAfter is how long a socket feeding an HBONE stream stays quiet,
-// after moving data, before its copy goes on from a fresh goroutine
-// (hbone's CopyFromResting says why). Short enough that a connection left
-// idle soon parks on a small stack; long enough that a busy connection
-// pays one timer a period, not one per read. A var for tests.
-var restAfter = time.Second
-
-// copyResting copies src into the stream dst (s) and half-closes it at EOF,
-// like copyDir, then calls then with the result. When src goes quiet it
-// goes on from a fresh goroutine and the calling one returns.
-func copyResting(dst net.Conn, s streamCopier, src net.Conn, n *atomic.Int64, then func(error)) {
-	_, err := s.CopyFromResting(src, n, restAfter)
-	if errors.Is(err, hbone.ErrRest) {
-		rests.Add(1)
-		go copyResting(dst, s, src, n, then)
-		return
+	if err != nil {
+		// Unblock the other direction at once.
+		abort(down, up)
+		<-errc
+		return err
 	}
-	then(finish(dst, err))
+	if err2 := <-errc; err2 != nil {
+		abort(down, up)
+		return err2
+	}
+	return nil
 }
-
-// rests counts copies moved to a fresh goroutine (tests read it).
-var rests atomic.Int64
 
 // relay runs pipe(down, up) and then cleanup(pipe's error) on a goroutine
 // of its own, so that the connection's handler returns once set-up is done:
@@ -135,10 +95,10 @@ var rests atomic.Int64
 // waits for cleanup as it waits for a handler.
 func (p *Proxy) relay(down, up net.Conn, counts *counters, cleanup func(error)) {
 	end := p.conns.begin()
-	go pipeThen(down, up, counts, func(err error) {
+	go func() {
 		defer end()
-		cleanup(err)
-	})
+		cleanup(pipe(down, up, counts))
+	}()
 }
 
 // streamCopier is an HBONE stream (hbone.Stream, hbone.ServerStream): it
@@ -146,7 +106,6 @@ func (p *Proxy) relay(down, up net.Conn, counts *counters, cleanup func(error)) 
 // buffers, and with no goroutine of its own while the connection is idle.
 type streamCopier interface {
 	CopyFrom(src io.Reader, n *atomic.Int64) (int64, error)
-	CopyFromResting(src io.Reader, n *atomic.Int64, rest time.Duration) (int64, error)
 	CopyTo(dst io.Writer, n *atomic.Int64) (int64, error)
 	StartCopyTo(dst io.Writer, n *atomic.Int64, done func(error))
 }

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,18 +60,15 @@ func startEchoProcess(t *testing.T, p *demo.MeshPod, port int) {
 // megabytes with no change in what the process holds.
 func rss(t *testing.T, pid int) float64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procStatus(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "RssAnon:") {
-			var kb float64
-			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "RssAnon:"), "kB")), &kb)
-			return kb / 1024
-		}
+	v, ok := st["RssAnon"]
+	if !ok {
+		return -1
 	}
-	return -1
+	return float64(v) / (1 << 20)
 }
 
 // TestFaultLoad10k: 10,000 concurrent connections from four client pods on

@@ -60,18 +60,27 @@ func procStatus(pid int) (map[string]int64, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || !strings.HasSuffix(v, " kB") {
+		if !ok {
 			continue
 		}
-		n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, " kB")), 10, 64)
-		if err == nil {
-			m[k] = n << 10
+		if n, ok := parseKB(v); ok {
+			m[k] = n
 		}
 	}
 	if _, ok := m["VmRSS"]; !ok {
 		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 	}
 	return m, sc.Err()
+}
+
+// parseKB reads a /proc value such as "   4096 kB" as bytes.
+func parseKB(v string) (int64, bool) {
+	n, ok := strings.CutSuffix(strings.TrimSpace(v), " kB")
+	if !ok {
+		return 0, false
+	}
+	kb, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	return kb << 10, err == nil
 }
 
 func TestContainerMemoryLimit(t *testing.T) {
@@ -181,11 +190,11 @@ func mappingRSS(t *testing.T, start uintptr) int64 {
 		}
 		for _, f := range lines[i+1:] {
 			if v, ok := strings.CutPrefix(f, "Rss:"); ok {
-				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
-				if err != nil {
-					t.Fatalf("smaps Rss %q: %v", v, err)
+				n, ok := parseKB(v)
+				if !ok {
+					t.Fatalf("smaps Rss %q: not a kB value", v)
 				}
-				return kb << 10
+				return n
 			}
 		}
 	}

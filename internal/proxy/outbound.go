@@ -223,7 +223,7 @@ func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn,
 	switch r.kind {
 	case routeHBONE:
 		rec.hbone = r.target.String()
-		up, err = p.connectHBONE(p.ctx, r, src, srcW)
+		up, err = p.connectHBONE(r, src, srcW)
 	default:
 		dctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
 		up, err = p.opts.Dial(dctx, "tcp", r.target.String())
@@ -237,7 +237,7 @@ func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn,
 	return up, nil
 }
 
-func (p *Proxy) connectHBONE(ctx context.Context, r route, src netip.AddrPort, srcW *state.Workload) (net.Conn, error) {
+func (p *Proxy) connectHBONE(r route, src netip.AddrPort, srcW *state.Workload) (net.Conn, error) {
 	key := hbone.Key{Src: p.self, Dst: hbone.DstIdentities(r.accept...), Addr: r.target}
 	hdr := http.Header{}
 	host := ""
@@ -249,7 +249,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, r route, src netip.AddrPort, s
 	if b, ok := p.baggage(srcW); ok {
 		hdr.Set("Baggage", b)
 	}
-	dctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	dctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
 	defer cancel()
 	s, err := p.opts.Pool.Connect(dctx, key, r.authority.String(), hdr)
 	if err != nil {

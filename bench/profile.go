@@ -30,8 +30,9 @@ func slowest(rs []ScenarioResult) (string, bool) {
 
 // Profile phases (-profile-phase).
 const (
-	profileHOL = "hol" // one bulk stream beside 1000 rps of 1 KiB requests
-	profileRPS = "rps" // 1000 rps of 1 KiB on reused connections alone: the CPU target's load
+	profileHOL  = "hol"  // one bulk stream beside 1000 rps of 1 KiB requests
+	profileRPS  = "rps"  // 1000 rps of 1 KiB on reused connections alone: the CPU target's load
+	profileBulk = "bulk" // one bulk stream alone: the 1-stream throughput target's load
 )
 
 // profiled picks the scenario to profile: for profileRPS hbone-cross-node
@@ -87,9 +88,14 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, 
 	// never sees the load stop).
 	load := time.Duration(seconds)*time.Second + 500*time.Millisecond
 	var lerr error
-	if phase == profileRPS {
+	switch phase {
+	case profileRPS:
 		_, lerr = p.openLoop(ctx, r.cfg.rate, load, true, latencyConns)
-	} else {
+	case profileBulk:
+		var gbit float64
+		gbit, lerr = p.bulk(ctx, 1, load)
+		r.progress("[%s] profiled bulk stream: %.2f Gbit/s", d.name, gbit)
+	default:
 		_, lerr = r.headOfLine(ctx, p, d, load, sinkPort, nil)
 	}
 	wg.Wait()

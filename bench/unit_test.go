@@ -501,6 +501,15 @@ func TestProfilePhaseFlag(t *testing.T) {
 	if name, _ := profiled(rs, profileHOL); name != scSameNode {
 		t.Fatalf("hol profiles %s, want the slowest", name)
 	}
+	if name, _ := profiled(rs, profileBulk); name != scSameNode {
+		t.Fatalf("bulk profiles %s, want the slowest", name)
+	}
+	if cfg, err := parseFlagsQuiet([]string{"-profile-phase", profileBulk}); err != nil || cfg.profilePhase != profileBulk {
+		t.Fatalf("-profile-phase bulk: phase %q, %v", cfg.profilePhase, err)
+	}
+	if _, err := parseFlagsQuiet([]string{"-profile-phase", "nope"}); err == nil {
+		t.Fatal("-profile-phase nope: no error")
+	}
 }
 
 func TestPeerLabel(t *testing.T) {

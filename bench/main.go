@@ -67,7 +67,7 @@ type config struct {
 	quick     bool
 	profile   bool
 	// profilePhase: the load the profiles are taken under, profileHOL,
-	// profileRPS or profileBulk.
+	// profileRPS, profileBulk or profileConn.
 	profilePhase string
 	binary       string // prebuilt ztunnel; empty: build one
 	peer         string // -peer: another ztunnel binary to run the same scenarios with; empty: none
@@ -105,7 +105,7 @@ func parseFlags(args []string) (config, error) {
 	out := fs.String("out", "", "directory for results.json, results.svg and profiles (default bench/out in the repository)")
 	quick := fs.Bool("quick", false, "short run: 1s measurements, 2000 idle connections, whole run under a minute")
 	prof := fs.Bool("profile", false, "write CPU and heap profiles of each ztunnel for the slowest scenario")
-	profPhase := fs.String("profile-phase", profileHOL, "load during -profile: "+profileHOL+" (bulk stream + 1000 rps, slowest scenario) or "+profileRPS+" (1000 rps on reused connections alone, hbone-cross-node: what the CPU target measures) or "+profileBulk+" (one bulk stream alone, slowest scenario: what the throughput target measures); implies -profile")
+	profPhase := fs.String("profile-phase", profileHOL, "load during -profile: "+profileHOL+" (bulk stream + 1000 rps, slowest scenario) or "+profileRPS+" (1000 rps on reused connections alone, hbone-cross-node: what the CPU target measures), "+profileBulk+" (one bulk stream alone, slowest scenario: what the throughput target measures) or "+profileConn+" (connect, 1 B round trip, close in a loop, hbone-cross-node: what the connections/s target measures); implies -profile")
 	bin := fs.String("ztunnel", "", "use this ztunnel binary instead of building ./cmd/ztunnel")
 	peer := fs.String("peer", "", "also run every scenario with this other ztunnel binary (e.g. upstream's, built with --features testing) and report it beside this tree's")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
@@ -119,8 +119,8 @@ func parseFlags(args []string) (config, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof || set["profile-phase"], profilePhase: *profPhase,
 		binary: *bin, peer: *peer, idleConns: *idle, rate: defaultRate, prefix: "zb", holTargetPhase: holTargetPhase}
-	if !slices.Contains([]string{profileHOL, profileRPS, profileBulk}, cfg.profilePhase) {
-		return config{}, fmt.Errorf("-profile-phase %q: want %s, %s or %s", cfg.profilePhase, profileHOL, profileRPS, profileBulk)
+	if !slices.Contains([]string{profileHOL, profileRPS, profileBulk, profileConn}, cfg.profilePhase) {
+		return config{}, fmt.Errorf("-profile-phase %q: want %s, %s, %s or %s", cfg.profilePhase, profileHOL, profileRPS, profileBulk, profileConn)
 	}
 	if cfg.quick && !set["duration"] {
 		cfg.duration = quickDuration

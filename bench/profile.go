@@ -33,13 +33,14 @@ const (
 	profileHOL  = "hol"  // one bulk stream beside 1000 rps of 1 KiB requests
 	profileRPS  = "rps"  // 1000 rps of 1 KiB on reused connections alone: the CPU target's load
 	profileBulk = "bulk" // one bulk stream alone: the 1-stream throughput target's load
+	profileConn = "conn" // connect + 1 B round trip + close in a closed loop: the connections/s target's load
 )
 
-// profiled picks the scenario to profile: for profileRPS hbone-cross-node
-// (the scenario the CPU target is about) when it was run; otherwise the
-// slowest.
+// profiled picks the scenario to profile: for profileRPS and profileConn
+// hbone-cross-node (the scenario their targets are about) when it was run;
+// otherwise the slowest.
 func profiled(rs []ScenarioResult, phase string) (string, bool) {
-	if _, ok := byName(rs, scCrossNode); ok && phase == profileRPS {
+	if _, ok := byName(rs, scCrossNode); ok && (phase == profileRPS || phase == profileConn) {
 		return scCrossNode, true
 	}
 	return slowest(rs)
@@ -91,6 +92,10 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, 
 	switch phase {
 	case profileRPS:
 		_, lerr = p.openLoop(ctx, r.cfg.rate, load, true, latencyConns)
+	case profileConn:
+		var rate float64
+		rate, lerr = p.connRate(ctx, connRateWorkers, load)
+		r.progress("[%s] profiled connection loop: %.0f conn/s", d.name, rate)
 	case profileBulk:
 		var gbit float64
 		gbit, lerr = p.bulk(ctx, 1, load)

@@ -501,6 +501,9 @@ func TestProfilePhaseFlag(t *testing.T) {
 	if name, _ := profiled(rs, profileHOL); name != scSameNode {
 		t.Fatalf("hol profiles %s, want the slowest", name)
 	}
+	if name, _ := profiled(rs, profileConn); name != scCrossNode {
+		t.Fatalf("conn profiles %s, want the connections/s target's scenario", name)
+	}
 	if name, _ := profiled(rs, profileBulk); name != scSameNode {
 		t.Fatalf("bulk profiles %s, want the slowest", name)
 	}

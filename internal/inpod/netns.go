@@ -10,8 +10,8 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel/internal/sockopt"
@@ -126,8 +126,12 @@ func (n *Netns) Close() error {
 	return nil
 }
 
-// enter moves the calling (locked) thread into n.
+// enter moves the calling (locked) thread into n. It first makes sure the
+// way back is known (hostNetns), while the thread is still at home.
 func (n *Netns) enter() error {
+	if _, err := hostNetns(); err != nil {
+		return err
+	}
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	if n.fd < 0 {
@@ -148,31 +152,42 @@ func (n *Netns) Do(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		// The thread's own namespace, to return to: an unlocked thread is
-		// always in ztunnel's namespace, since no thread is ever unlocked
-		// elsewhere.
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("inpod: get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
 		if err := n.enter(); err != nil {
 			runtime.UnlockOSThread()
 			errc <- err
 			return
 		}
 		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// Never unlock: the thread dies with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("inpod: return from netns %s: %w", n.id, err))
-			return
+		if err := leave(); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("inpod: from netns %s: %w", n.id, err))
+			return // still locked: the thread dies with this goroutine
 		}
 		runtime.UnlockOSThread()
 		errc <- ferr
 	}()
 	return <-errc
+}
+
+// hostNetns is an FD of the namespace every unlocked thread is in: no
+// thread is unlocked while inside a pod (Do, dialLiteral). Opened once, it
+// saves each namespace switch the four syscalls of finding out where to
+// return.
+var hostNetns = sync.OnceValues(func() (int, error) {
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("inpod: open own netns: %w", err)
+	}
+	return fd, nil
+})
+
+// leave moves the calling (locked) thread back to the host namespace. On
+// error the thread must never be unlocked.
+func leave() error {
+	fd, err := hostNetns()
+	if err != nil {
+		return err
+	}
+	return unix.Setns(fd, unix.CLONE_NEWNET)
 }
 
 // ListenOption adjusts one listener.
@@ -280,7 +295,9 @@ func DialFrom(src netip.Addr) DialOption {
 // namespace thread and connects outside it (dial.go); anything else runs
 // the whole dial on the namespace thread.
 func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opts ...DialOption) (net.Conn, error) {
-	var d net.Dialer
+	// KeepAlive as net.Dialer's default would set it, less the probe count
+	// (one setsockopt fewer; the kernel's default stands).
+	d := net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: -1}}
 	cs := []sockopt.Control{sockopt.Mark(mark)}
 	for _, o := range opts {
 		o(&d, &cs)
@@ -289,11 +306,7 @@ func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opt
 	var c net.Conn
 	var err error
 	if ap, perr := netip.ParseAddrPort(addr); perr == nil && (network == "tcp" || network == "tcp4" || network == "tcp6") {
-		var local *net.TCPAddr
-		if d.LocalAddr != nil {
-			local = d.LocalAddr.(*net.TCPAddr)
-		}
-		c, err = n.dialLiteral(ctx, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), local, d.Control)
+		c, err = n.dialLiteral(ctx, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), &d)
 	} else {
 		err = n.Do(func() (err error) {
 			c, err = d.DialContext(ctx, network, addr)

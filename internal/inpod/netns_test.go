@@ -171,8 +171,24 @@ func TestNetnsSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := getsockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
+	dc := c.(*net.TCPConn)
+	if got := getsockopt(t, dc, unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
 		t.Errorf("dialed SO_MARK = %#x", got)
+	}
+	if got := getsockopt(t, dc, unix.SOL_SOCKET, unix.SO_KEEPALIVE); got != 1 {
+		t.Errorf("dialed SO_KEEPALIVE = %d", got)
+	}
+	if got := getsockopt(t, dc, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); got != 15 {
+		t.Errorf("dialed TCP_KEEPIDLE = %d, want 15", got)
+	}
+	if got := getsockopt(t, dc, unix.IPPROTO_TCP, unix.TCP_NODELAY); got != 1 {
+		t.Errorf("dialed TCP_NODELAY = %d", got)
+	}
+	// A refused dial (the socket made in the pod, the connect failing after
+	// the thread left it) returns an error and leaves no thread behind.
+	if rc, err := ns.Dial(ctx, "tcp", "127.0.0.1:1", 0x539); err == nil {
+		rc.Close()
+		t.Error("dial to a closed port in the pod succeeded")
 	}
 	for name, sc := range map[string]syscallConner{"listener": tl, "dialed": c.(*net.TCPConn)} {
 		if got := socketNetns(t, sc); got != ns.ID().Inode {

@@ -87,6 +87,45 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 	return res, nil
 }
 
+// perConn runs fn, which returns how many connections it made, and sets
+// each node's CPU time and context switches per connection.
+func (r *runner) perConn(nodes []int, costs []ZtunnelCost, fn func() (int64, error)) error {
+	type snap struct {
+		cpu time.Duration
+		sw  Switches
+	}
+	read := func(pid int) (snap, error) {
+		cpu, err := processCPU(pid)
+		if err != nil {
+			return snap{}, err
+		}
+		sw, err := processSwitches(pid)
+		return snap{cpu, sw}, err
+	}
+	before := make([]snap, len(nodes))
+	for i, ni := range nodes {
+		var err error
+		if before[i], err = read(r.node(ni).Pid()); err != nil {
+			return err
+		}
+	}
+	n, err := fn()
+	if err != nil || n <= 0 {
+		return err
+	}
+	for i, ni := range nodes {
+		after, err := read(r.node(ni).Pid())
+		if err != nil {
+			return err
+		}
+		costs[i].CPUPerConnUS = float64((after.cpu - before[i].cpu).Microseconds()) / float64(n)
+		vol := after.sw.Voluntary - before[i].sw.Voluntary
+		costs[i].VolCtxSwitchesPerConn = float64(vol) / float64(n)
+		costs[i].CtxSwitchesPerConn = float64(vol+after.sw.Nonvoluntary-before[i].sw.Nonvoluntary) / float64(n)
+	}
+	return nil
+}
+
 // idle measures memory per idle proxied connection.
 // It returns how many connections it held.
 func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs []ZtunnelCost) (int, error) {

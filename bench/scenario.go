@@ -81,6 +81,13 @@ type ZtunnelCost struct {
 	CtxSwitchesPerReq    float64 `json:"ctx_switches_per_req"`
 	VolCtxSwitchesPerReq float64 `json:"voluntary_ctx_switches_per_req"`
 	SyscallsPerReq       float64 `json:"rw_syscalls_per_req"`
+	// Per connection of the connection-rate phase: CPU time (µs) and
+	// context switches. The rate itself is CPU-bound here and moves with
+	// the machine's steal time; CPU per connection is the steadier figure
+	// to compare two ztunnels by.
+	CPUPerConnUS          float64 `json:"cpu_us_per_conn"`
+	CtxSwitchesPerConn    float64 `json:"ctx_switches_per_conn"`
+	VolCtxSwitchesPerConn float64 `json:"voluntary_ctx_switches_per_conn"`
 	// Idle connections: VmRSS before and with them (MiB), and per connection.
 	IdleRSSBeforeMB     float64 `json:"idle_rss_before_mb"`
 	IdleRSSMB           float64 `json:"idle_rss_mb"`
@@ -280,10 +287,21 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			}
 		}
 
-		if res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration); err != nil {
+		var conns int64
+		err = r.perConn(costNodes, costs, func() (int64, error) {
+			before := p.dials.Load()
+			var err error
+			res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration)
+			conns = p.dials.Load() - before
+			return conns, err
+		})
+		if err != nil {
 			return fmt.Errorf("connection rate: %w", err)
 		}
-		r.progress("[%s] connect + 1 B round trip + close: %.0f conn/s", d.name, res.ConnPerS)
+		r.progress("[%s] connect + 1 B round trip + close: %.0f conn/s; per connection: CPU µs %s, context switches %s (voluntary %s)", d.name, res.ConnPerS,
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUPerConnUS }, "%.0f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerConn }, "%.2f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerConn }, "%.2f"))
 
 		if res.Throughput1, err = p.bulk(ctx, 1, r.cfg.duration); err != nil {
 			return fmt.Errorf("throughput 1 stream: %w", err)

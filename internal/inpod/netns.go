@@ -291,9 +291,13 @@ func DialFrom(src netip.Addr) DialOption {
 
 // Dial connects from inside n, with SO_MARK mark (0: none) so the pod's
 // redirect rules let the connection out instead of capturing it again. A
-// literal ip:port (every dial ztunnel makes) creates its socket on the
-// namespace thread and connects outside it (dial.go); anything else runs
-// the whole dial on the namespace thread.
+// literal ip:port (every dial ztunnel makes) creates its socket with the
+// calling goroutine's thread in the namespace and connects outside it
+// (dial.go; if that thread cannot return, the error says "stranded" and
+// the goroutine should end); anything else runs the whole dial in Do. The
+// caller must not be locked to its thread (runtime.LockOSThread): the
+// thread would be returned to ztunnel's namespace, not to the one it was
+// in.
 func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opts ...DialOption) (net.Conn, error) {
 	// KeepAlive as net.Dialer's default would set it, less the probe count
 	// (one setsockopt fewer; the kernel's default stands).

@@ -141,16 +141,44 @@ func startAgent(t *testing.T, path string) (agent *cniemu.Server, stop func()) {
 
 type runningClient struct {
 	*inpod.Client
-	ready chan bool
+
+	mu     sync.Mutex
+	events []bool        // guarded by mu: readiness changes not yet seen by waitReady
+	signal chan struct{} // one pending wake-up for waitReady
+}
+
+// onReady records a readiness change without ever blocking the client
+// (a bounded channel here once filled up under load and hung the client's
+// Run, and with it the test's cleanup).
+func (rc *runningClient) onReady(r bool) {
+	rc.mu.Lock()
+	rc.events = append(rc.events, r)
+	rc.mu.Unlock()
+	select {
+	case rc.signal <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the oldest readiness change not yet seen.
+func (rc *runningClient) next() (r, ok bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.events) == 0 {
+		return false, false
+	}
+	r = rc.events[0]
+	rc.events = rc.events[1:]
+	return r, true
 }
 
 func startClient(t *testing.T, path string, srv inpod.PodServer, setup ...func(*inpod.Client)) *runningClient {
 	t.Helper()
-	rc := &runningClient{ready: make(chan bool, 100)}
+	rc := &runningClient{signal: make(chan struct{}, 1)}
 	c, err := inpod.New(inpod.Options{
 		UDSPath: path, PodServer: srv,
 		Netns:   inpod.NetnsOptions{Mark: 0x539, ReusePort: true},
-		OnReady: func(r bool) { rc.ready <- r },
+		OnReady: rc.onReady,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -178,11 +206,13 @@ func (rc *runningClient) waitReady(t *testing.T, want bool) {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
-		select {
-		case r := <-rc.ready:
+		for r, ok := rc.next(); ok; r, ok = rc.next() {
 			if r == want {
 				return
 			}
+		}
+		select {
+		case <-rc.signal:
 		case <-timeout:
 			t.Fatalf("readiness never became %v", want)
 		}

@@ -38,6 +38,8 @@ func (n *Netns) dialLiteral(ctx context.Context, raddr netip.AddrPort, d *net.Di
 	inside := true
 	ctrl := d.Control
 	dd := *d
+	// A literal address is one address: one socket, one Control call, so
+	// no second socket can be made after the thread left the namespace.
 	dd.Control = func(network, address string, c syscall.RawConn) error {
 		if err := leave(); err != nil {
 			return fmt.Errorf("%w: from netns %s: %w", errStranded, n.id, err)

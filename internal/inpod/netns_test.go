@@ -139,15 +139,11 @@ func TestNetnsSockets(t *testing.T) {
 	}
 	defer ln.Close()
 	tl := ln.(*net.TCPListener)
-	if got := getsockopt(t, tl, unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
-		t.Errorf("listener SO_MARK = %#x", got)
-	}
-	if got := getsockopt(t, tl, unix.SOL_SOCKET, unix.SO_REUSEPORT); got != 1 {
-		t.Errorf("listener SO_REUSEPORT = %d", got)
-	}
-	if got := getsockopt(t, tl, unix.SOL_IP, unix.IP_TRANSPARENT); got != 1 {
-		t.Errorf("listener IP_TRANSPARENT = %d", got)
-	}
+	wantSockopts(t, "listener", tl, []sockoptWant{
+		{"SO_MARK", unix.SOL_SOCKET, unix.SO_MARK, 0x539},
+		{"SO_REUSEPORT", unix.SOL_SOCKET, unix.SO_REUSEPORT, 1},
+		{"IP_TRANSPARENT", unix.SOL_IP, unix.IP_TRANSPARENT, 1},
+	})
 	// SO_REUSEPORT lets a second ztunnel bind the same port.
 	ln2, err := ns.Listen("tcp", "127.0.0.1:15008")
 	if err != nil {
@@ -171,19 +167,12 @@ func TestNetnsSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dc := c.(*net.TCPConn)
-	if got := getsockopt(t, dc, unix.SOL_SOCKET, unix.SO_MARK); got != 0x539 {
-		t.Errorf("dialed SO_MARK = %#x", got)
-	}
-	if got := getsockopt(t, dc, unix.SOL_SOCKET, unix.SO_KEEPALIVE); got != 1 {
-		t.Errorf("dialed SO_KEEPALIVE = %d", got)
-	}
-	if got := getsockopt(t, dc, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); got != 15 {
-		t.Errorf("dialed TCP_KEEPIDLE = %d, want 15", got)
-	}
-	if got := getsockopt(t, dc, unix.IPPROTO_TCP, unix.TCP_NODELAY); got != 1 {
-		t.Errorf("dialed TCP_NODELAY = %d", got)
-	}
+	wantSockopts(t, "dialed", c.(*net.TCPConn), []sockoptWant{
+		{"SO_MARK", unix.SOL_SOCKET, unix.SO_MARK, 0x539},
+		{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{"TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+		{"TCP_NODELAY", unix.IPPROTO_TCP, unix.TCP_NODELAY, 1},
+	})
 	// A refused dial (the socket made in the pod, the connect failing after
 	// the thread left it) returns an error and leaves no thread behind.
 	if rc, err := ns.Dial(ctx, "tcp", "127.0.0.1:1", 0x539); err == nil {
@@ -220,6 +209,22 @@ func TestNetnsSockets(t *testing.T) {
 		}()
 		if l := <-ch; l != host {
 			t.Fatalf("a thread is in %s, host is %s", l, host)
+		}
+	}
+}
+
+type sockoptWant struct {
+	name       string
+	level, opt int
+	want       int
+}
+
+// wantSockopts checks integer socket options of c.
+func wantSockopts(t *testing.T, what string, c syscallConner, ws []sockoptWant) {
+	t.Helper()
+	for _, w := range ws {
+		if got := getsockopt(t, c, w.level, w.opt); got != w.want {
+			t.Errorf("%s %s = %#x, want %#x", what, w.name, got, w.want)
 		}
 	}
 }

@@ -185,6 +185,8 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 
 // echoServer runs in the server pod on port 7000: it copies back what it
 // reads until EOF, then half-closes.
+var echoBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 func echoServer(t testing.TB, pod *nstest.Pod) {
 	t.Helper()
 	ln, err := pod.Listen("tcp", netip.AddrPortFrom(pod.IP, 7000).String())
@@ -205,10 +207,14 @@ func echoServer(t testing.TB, pod *nstest.Pod) {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				// Hide ReadFrom: the runtime would splice through a pipe
-				// it keeps pooled until a GC, which TestE2ENoFDLeak would
-				// count as the proxy's.
-				io.Copy(struct{ io.Writer }{c}, c)
+				// Hide ReadFrom and WriteTo: the runtime would splice
+				// through a pipe it keeps pooled until a GC, which
+				// TestE2ENoFDLeak would count as the proxy's, or allocate
+				// a 32 KiB buffer per connection, which
+				// BenchmarkNewConnection would count.
+				buf := echoBufs.Get().(*[]byte)
+				io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, *buf)
+				echoBufs.Put(buf)
 				c.(*net.TCPConn).CloseWrite()
 			}()
 		}

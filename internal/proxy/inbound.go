@@ -58,13 +58,14 @@ func (p *Proxy) admitHBONE(req *hbone.Request, rec *record) (up net.Conn, rechec
 	snap := p.opts.State()
 	dstW := snap.WorkloadByAddr(p.opts.Network, dst.Addr())
 	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
-	rec.labels = p.inboundLabels(srcW, dstW, peer, policyMutualTLS)
+	peerID := peer.String() // once: labels and policy both need it
+	rec.labels = p.inboundLabels(srcW, dstW, peer, peerID, policyMutualTLS)
 	if !p.isLocal(dstW) {
 		p.m.rejected.WithLabelValues("inbound", reasonNotLocal).Inc()
 		req.Reject(http.StatusBadRequest, "destination is not served by this ztunnel")
 		return nil, nil, fmt.Errorf("proxy: inbound: %s is not a workload served here (%s/%s)", dst, p.opts.Local.Namespace, p.opts.Local.Name)
 	}
-	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: dst.Addr(), DstPort: dst.Port(), SrcIdentity: peer.String()}
+	conn := rbac.Conn{SrcIP: src.Addr(), DstIP: dst.Addr(), DstPort: dst.Port(), SrcIdentity: peerID}
 	if d := authorize(snap, dstW, conn); !d.Allowed {
 		rec.labels.ResponseFlags = flagDeny
 		p.m.denied.WithLabelValues("inbound", d.Policy).Inc()
@@ -115,7 +116,7 @@ func (p *Proxy) admitPlaintext(rec *record, src, dst netip.AddrPort) (up net.Con
 	snap := p.opts.State()
 	dstW := snap.WorkloadByAddr(p.opts.Network, dst.Addr())
 	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
-	rec.labels = p.inboundLabels(srcW, dstW, identity.Identity{}, policyUnknown)
+	rec.labels = p.inboundLabels(srcW, dstW, identity.Identity{}, "", policyUnknown)
 	if dst.Port() == HBONEPort || dst.Port() == InboundPlaintextPort || dst.Port() == OutboundPort {
 		p.m.rejected.WithLabelValues("inbound", reasonLoop).Inc()
 		return nil, nil, &routeError{reasonLoop, fmt.Sprintf("plaintext connection to ztunnel port %s", dst)}
@@ -161,7 +162,7 @@ func (p *Proxy) outboundLabels(src *state.Workload, r route) TrafficLabels {
 	if r.kind == routeHBONE {
 		l.SecurityPolicy = policyMutualTLS
 	}
-	p.sourceLabels(&l, src, p.self)
+	p.sourceLabels(&l, src, p.selfID)
 	destinationLabels(&l, r.dst, r.svc)
 	if r.dst != nil && r.kind == routeHBONE {
 		l.DestinationPrincipal = workloadIdentity(r.dst).String()
@@ -169,28 +170,32 @@ func (p *Proxy) outboundLabels(src *state.Workload, r route) TrafficLabels {
 	return l
 }
 
-func (p *Proxy) inboundLabels(src, dst *state.Workload, peer identity.Identity, policy string) TrafficLabels {
+// inboundLabels: peerID is peer.String(), which the caller also needs.
+func (p *Proxy) inboundLabels(src, dst *state.Workload, peer identity.Identity, peerID, policy string) TrafficLabels {
 	l := TrafficLabels{Reporter: reporterDestination, RequestProtocol: "tcp", ResponseFlags: flagNone, SecurityPolicy: policy}
 	if src != nil && !peer.IsZero() && workloadIdentity(src) != peer {
 		src = nil // the address is not the peer's: trust the certificate only
 	}
 	if !peer.IsZero() {
-		l.SourcePrincipal = peer.String()
+		l.SourcePrincipal = peerID
 		l.SourceNamespace = peer.Namespace
 	}
 	if src != nil {
-		p.sourceLabels(&l, src, peer)
+		p.sourceLabels(&l, src, l.SourcePrincipal)
 	}
 	destinationLabels(&l, dst, nil)
 	if dst != nil {
-		l.DestinationPrincipal = p.self.String()
+		l.DestinationPrincipal = p.selfID
 	}
 	return l
 }
 
-func (p *Proxy) sourceLabels(l *TrafficLabels, w *state.Workload, id identity.Identity) {
-	if !id.IsZero() {
-		l.SourcePrincipal = id.String()
+// sourceLabels sets the source labels from w and principal (a SPIFFE
+// URI, "" for none), taken as a string so that callers format an identity
+// once per connection.
+func (p *Proxy) sourceLabels(l *TrafficLabels, w *state.Workload, principal string) {
+	if principal != "" {
+		l.SourcePrincipal = principal
 	}
 	if w == nil {
 		return

@@ -81,6 +81,7 @@ type Proxy struct {
 	log     *slog.Logger
 	m       *Metrics
 	self    identity.Identity
+	selfID  string // self.String(), built once: every connection's labels carry it
 	inbound *hbone.Server
 	ctx     context.Context // cancelled by Close: ends every connection
 	cancel  context.CancelFunc
@@ -121,6 +122,7 @@ func New(opts Options) (*Proxy, error) {
 		cancel: cancel,
 		conns:  newTracker(),
 	}
+	p.selfID = p.self.String()
 	srv, err := hbone.NewServer(hbone.ServerOptions{
 		TLS:        opts.Certs.ServerConfig(p.self),
 		Handler:    p.handleHBONE,

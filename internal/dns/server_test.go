@@ -329,11 +329,19 @@ func TestIdleUDPSocketSleeps(t *testing.T) {
 	if _, _, err := (&mdns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(q, pc.LocalAddr().String()); err != nil {
 		t.Fatal(err)
 	}
-	dc.mu.Lock()
-	ds := slices.Clone(dc.deadlines)
-	dc.mu.Unlock()
-	if len(ds) < 2 {
-		t.Fatalf("read deadlines set: %v", ds)
+	// The answer can reach the client before the loop is back at its next
+	// read (CI once saw one deadline): wait for the second, bounded.
+	var ds []time.Duration
+	for wait := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		dc.mu.Lock()
+		ds = slices.Clone(dc.deadlines)
+		dc.mu.Unlock()
+		if len(ds) >= 2 {
+			break
+		}
+		if time.Now().After(wait) {
+			t.Fatalf("read deadlines set: %v", ds)
+		}
 	}
 	for _, d := range ds {
 		if d < time.Hour {

@@ -183,10 +183,11 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 	return p
 }
 
-// echoServer runs in the server pod on port 7000: it copies back what it
-// reads until EOF, then half-closes.
+// echoBufs are echoServer's copy buffers.
 var echoBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
+// echoServer runs in the server pod on port 7000: it copies back what it
+// reads until EOF, then half-closes.
 func echoServer(t testing.TB, pod *nstest.Pod) {
 	t.Helper()
 	ln, err := pod.Listen("tcp", netip.AddrPortFrom(pod.IP, 7000).String())

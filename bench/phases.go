@@ -9,20 +9,32 @@ import (
 	"time"
 )
 
+// procSnap is a process's CPU time and context switches at one moment;
+// the phases' costs are differences of two.
+type procSnap struct {
+	cpu time.Duration
+	sw  Switches
+}
+
+func readProcSnap(pid int) (procSnap, error) {
+	cpu, err := processCPU(pid)
+	if err != nil {
+		return procSnap{}, err
+	}
+	sw, err := processSwitches(pid)
+	return procSnap{cpu, sw}, err
+}
+
 // withCost runs fn while measuring each node's CPU time and peak RSS.
 func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost, fn func() (openLoopResult, error)) (openLoopResult, error) {
 	pids := make([]int, len(nodes))
-	cpu0 := make([]time.Duration, len(nodes))
-	sw0 := make([]Switches, len(nodes))
+	before := make([]procSnap, len(nodes))
 	for i, ni := range nodes {
 		n := r.node(ni)
 		pids[i] = n.Pid()
 		costs[i].OpenFilesLimit, _ = openFilesLimit(pids[i])
 		var err error
-		if sw0[i], err = processSwitches(pids[i]); err != nil {
-			return openLoopResult{}, err
-		}
-		if cpu0[i], err = processCPU(pids[i]); err != nil {
+		if before[i], err = readProcSnap(pids[i]); err != nil {
 			return openLoopResult{}, err
 		}
 	}
@@ -65,23 +77,20 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 		return res, err
 	}
 	for i, pid := range pids {
-		cpu1, err := processCPU(pid)
+		after, err := readProcSnap(pid)
 		if err != nil {
 			return res, err
 		}
-		sw1, err := processSwitches(pid)
-		if err != nil {
-			return res, err
-		}
-		costs[i].CPUVCPU = (cpu1 - cpu0[i]).Seconds() / wall.Seconds()
+		sw1, sw0 := after.sw, before[i].sw
+		costs[i].CPUVCPU = (after.cpu - before[i].cpu).Seconds() / wall.Seconds()
 		costs[i].RSSMB = float64(peak[i]) / (1 << 20)
 		costs[i].RSSAnonMB = float64(anonPeak[i]) / (1 << 20)
 		costs[i].RSSMedianMB = median(all[i]) / (1 << 20)
 		if reqs := float64(res.latency.Count); reqs > 0 {
-			vol := float64(sw1.Voluntary - sw0[i].Voluntary)
+			vol := float64(sw1.Voluntary - sw0.Voluntary)
 			costs[i].VolCtxSwitchesPerReq = vol / reqs
-			costs[i].CtxSwitchesPerReq = (vol + float64(sw1.Nonvoluntary-sw0[i].Nonvoluntary)) / reqs
-			costs[i].SyscallsPerReq = float64(sw1.Syscalls-sw0[i].Syscalls) / reqs
+			costs[i].CtxSwitchesPerReq = (vol + float64(sw1.Nonvoluntary-sw0.Nonvoluntary)) / reqs
+			costs[i].SyscallsPerReq = float64(sw1.Syscalls-sw0.Syscalls) / reqs
 		}
 	}
 	return res, nil
@@ -90,22 +99,10 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 // perConn runs fn, which returns how many connections it made, and sets
 // each node's CPU time and context switches per connection.
 func (r *runner) perConn(nodes []int, costs []ZtunnelCost, fn func() (int64, error)) error {
-	type snap struct {
-		cpu time.Duration
-		sw  Switches
-	}
-	read := func(pid int) (snap, error) {
-		cpu, err := processCPU(pid)
-		if err != nil {
-			return snap{}, err
-		}
-		sw, err := processSwitches(pid)
-		return snap{cpu, sw}, err
-	}
-	before := make([]snap, len(nodes))
+	before := make([]procSnap, len(nodes))
 	for i, ni := range nodes {
 		var err error
-		if before[i], err = read(r.node(ni).Pid()); err != nil {
+		if before[i], err = readProcSnap(r.node(ni).Pid()); err != nil {
 			return err
 		}
 	}
@@ -114,7 +111,7 @@ func (r *runner) perConn(nodes []int, costs []ZtunnelCost, fn func() (int64, err
 		return err
 	}
 	for i, ni := range nodes {
-		after, err := read(r.node(ni).Pid())
+		after, err := readProcSnap(r.node(ni).Pid())
 		if err != nil {
 			return err
 		}

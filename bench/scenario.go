@@ -287,13 +287,11 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			}
 		}
 
-		var conns int64
 		err = r.perConn(costNodes, costs, func() (int64, error) {
 			before := p.dials.Load()
 			var err error
 			res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration)
-			conns = p.dials.Load() - before
-			return conns, err
+			return p.dials.Load() - before, err
 		})
 		if err != nil {
 			return fmt.Errorf("connection rate: %w", err)

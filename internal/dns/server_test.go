@@ -332,17 +332,12 @@ func TestIdleUDPSocketSleeps(t *testing.T) {
 	// The answer can reach the client before the loop is back at its next
 	// read (CI once saw one deadline): wait for the second, bounded.
 	var ds []time.Duration
-	for wait := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	waitFor(t, func() bool {
 		dc.mu.Lock()
+		defer dc.mu.Unlock()
 		ds = slices.Clone(dc.deadlines)
-		dc.mu.Unlock()
-		if len(ds) >= 2 {
-			break
-		}
-		if time.Now().After(wait) {
-			t.Fatalf("read deadlines set: %v", ds)
-		}
-	}
+		return len(ds) >= 2
+	})
 	for _, d := range ds {
 		if d < time.Hour {
 			t.Fatalf("UDP read deadline %v ahead: an idle socket would wake the process that often", d)

@@ -25,6 +25,23 @@ func readProcSnap(pid int) (procSnap, error) {
 	return procSnap{cpu, sw}, err
 }
 
+// procDelta is what a process spent between two snapshots.
+type procDelta struct {
+	cpu      time.Duration
+	vol, all float64 // voluntary, and all, context switches
+	syscalls float64
+}
+
+func (s procSnap) since(b procSnap) procDelta {
+	vol := float64(s.sw.Voluntary - b.sw.Voluntary)
+	return procDelta{
+		cpu:      s.cpu - b.cpu,
+		vol:      vol,
+		all:      vol + float64(s.sw.Nonvoluntary-b.sw.Nonvoluntary),
+		syscalls: float64(s.sw.Syscalls - b.sw.Syscalls),
+	}
+}
+
 // withCost runs fn while measuring each node's CPU time and peak RSS.
 func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost, fn func() (openLoopResult, error)) (openLoopResult, error) {
 	pids := make([]int, len(nodes))
@@ -81,16 +98,15 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 		if err != nil {
 			return res, err
 		}
-		sw1, sw0 := after.sw, before[i].sw
-		costs[i].CPUVCPU = (after.cpu - before[i].cpu).Seconds() / wall.Seconds()
+		d := after.since(before[i])
+		costs[i].CPUVCPU = d.cpu.Seconds() / wall.Seconds()
 		costs[i].RSSMB = float64(peak[i]) / (1 << 20)
 		costs[i].RSSAnonMB = float64(anonPeak[i]) / (1 << 20)
 		costs[i].RSSMedianMB = median(all[i]) / (1 << 20)
 		if reqs := float64(res.latency.Count); reqs > 0 {
-			vol := float64(sw1.Voluntary - sw0.Voluntary)
-			costs[i].VolCtxSwitchesPerReq = vol / reqs
-			costs[i].CtxSwitchesPerReq = (vol + float64(sw1.Nonvoluntary-sw0.Nonvoluntary)) / reqs
-			costs[i].SyscallsPerReq = float64(sw1.Syscalls-sw0.Syscalls) / reqs
+			costs[i].VolCtxSwitchesPerReq = d.vol / reqs
+			costs[i].CtxSwitchesPerReq = d.all / reqs
+			costs[i].SyscallsPerReq = d.syscalls / reqs
 		}
 	}
 	return res, nil
@@ -115,10 +131,10 @@ func (r *runner) perConn(nodes []int, costs []ZtunnelCost, fn func() (int64, err
 		if err != nil {
 			return err
 		}
-		costs[i].CPUPerConnUS = float64((after.cpu - before[i].cpu).Microseconds()) / float64(n)
-		vol := after.sw.Voluntary - before[i].sw.Voluntary
-		costs[i].VolCtxSwitchesPerConn = float64(vol) / float64(n)
-		costs[i].CtxSwitchesPerConn = float64(vol+after.sw.Nonvoluntary-before[i].sw.Nonvoluntary) / float64(n)
+		d := after.since(before[i])
+		costs[i].CPUPerConnUS = float64(d.cpu.Microseconds()) / float64(n)
+		costs[i].VolCtxSwitchesPerConn = d.vol / float64(n)
+		costs[i].CtxSwitchesPerConn = d.all / float64(n)
 	}
 	return nil
 }

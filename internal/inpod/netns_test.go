@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"strings"
@@ -189,6 +190,36 @@ func TestNetnsSockets(t *testing.T) {
 	if string(got) != "in pod" {
 		t.Fatalf("read %q", got)
 	}
+	// DialFrom: the connection leaves from the given source (bound before
+	// the connect starts, with IP_TRANSPARENT), and the listener sees it.
+	src := netip.MustParseAddr("127.0.0.7")
+	peer := make(chan netip.AddrPort, 1)
+	wg.Go(func() {
+		c, err := ln.Accept()
+		if err == nil {
+			peer <- c.RemoteAddr().(*net.TCPAddr).AddrPort()
+			c.Close()
+		}
+		close(peer)
+	})
+	fc, err := ns.Dial(ctx, "tcp", "127.0.0.1:15008", 0x539, DialFrom(src))
+	if err != nil {
+		t.Fatalf("dial from %s: %v", src, err)
+	}
+	wantSockopts(t, "dialed from", fc.(*net.TCPConn), []sockoptWant{
+		{"IP_TRANSPARENT", unix.SOL_IP, unix.IP_TRANSPARENT, 1},
+		{"SO_MARK", unix.SOL_SOCKET, unix.SO_MARK, 0x539},
+	})
+	if got := fc.LocalAddr().(*net.TCPAddr).AddrPort(); got.Addr() != src {
+		t.Errorf("dialed from %s: local address %s", src, got)
+	}
+	if got := fc.RemoteAddr().String(); got != "127.0.0.1:15008" {
+		t.Errorf("dialed from %s: remote address %s", src, got)
+	}
+	if got := <-peer; got != fc.LocalAddr().(*net.TCPAddr).AddrPort() {
+		t.Errorf("listener saw %s, dialer is %s", got, fc.LocalAddr())
+	}
+	fc.Close()
 	udp, err := ns.ListenPacket("udp", "127.0.0.1:15053")
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,7 @@ func (a *app) startDedicated(ctx context.Context) error {
 		ClusterID:   a.cfg.ClusterID,
 		Metrics:     a.proxyMetrics(),
 		Registerer:  a.reg,
+		Workers:     a.setup,
 		Logger:      a.levels.Logger("access"),
 	})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/identity/caclient"
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
 	"github.com/ztunnel-go/ztunnel/internal/state"
+	"github.com/ztunnel-go/ztunnel/internal/workers"
 	"github.com/ztunnel-go/ztunnel/internal/xds"
 )
 
@@ -41,6 +42,9 @@ type app struct {
 	// app (cert fetches for readiness) watches it.
 	runCtx    context.Context
 	runCancel context.CancelFunc
+	// setup runs every pod's connection and stream set-up (package
+	// workers); its kept goroutines end with runCtx.
+	setup *workers.Pool
 
 	// stoppers run in reverse order on shutdown, each given the drain ctx.
 	stoppers []func(context.Context)
@@ -80,6 +84,14 @@ func newLevels(cfg *config.Config, out io.Writer) (*admin.Levels, error) {
 	return admin.NewLevels(h, lvl), nil
 }
 
+// keptSetupWorkers bounds the goroutines kept for connection set-up
+// (package workers). Set-up blocks only briefly (a dial to a pod on this
+// node, a policy check), so a few per CPU cover a burst; past that a
+// connection gets a fresh goroutine, as every one did before. Kept ones
+// cost a parked goroutine each and their stacks, which the GC shrinks
+// while they wait.
+const keptSetupWorkers = 16
+
 // start brings ztunnel up in dependency order: config sources, then
 // certificates, then the admin endpoints, then the data path.
 func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, error) {
@@ -89,6 +101,7 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	}
 	a := &app{cfg: cfg, levels: levels, log: levels.Logger("ztunnel"), reg: prometheus.NewRegistry()}
 	a.runCtx, a.runCancel = context.WithCancel(context.Background())
+	a.setup = workers.New(a.runCtx, keptSetupWorkers)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.log.Info("starting", "version", buildVersion(), "mode", cfg.ProxyMode, "node", cfg.NodeName)
 	fail := func(err error) (*app, error) {

@@ -94,6 +94,7 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 		ClusterID:             a.cfg.ClusterID,
 		Metrics:               a.proxyMetrics(),
 		Registerer:            a.reg,
+		Workers:               a.setup,
 		Logger:                a.levels.Logger("access").With("pod", info.Namespace+"/"+info.Name),
 	})
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
+
+	"github.com/ztunnel-go/ztunnel/internal/workers"
 )
 
 // ServerOptions configure a Server.
@@ -25,9 +27,9 @@ type ServerOptions struct {
 	// VerifyPeerCertificate checking the SPIFFE chain). Required. The
 	// server adds ALPN "h2" and MinVersion TLS 1.3 if missing.
 	TLS *tls.Config
-	// Handler is called once per valid CONNECT stream, on its own
-	// goroutine; it must Accept or Reject the Request, and the stream lives
-	// until Handler returns. ctx is cancelled when the stream or the
+	// Handler is called once per valid CONNECT stream, on a goroutine of
+	// its own (see Workers); it must Accept or Reject the Request, and the
+	// stream lives until Handler returns (or the Request's Detach says). ctx is cancelled when the stream or the
 	// connection ends; Handler must return promptly after that. Required.
 	Handler func(ctx context.Context, req *Request)
 	// ConnContext, if set, runs once per connection after the TLS
@@ -38,6 +40,11 @@ type ServerOptions struct {
 	// MaxConcurrentStreams is advertised in SETTINGS; 0 means
 	// DefaultServerMaxConcurrentStreams.
 	MaxConcurrentStreams int
+	// Workers, if set, runs Handler calls on goroutines kept between
+	// streams (whose stacks have grown to what a Handler's set-up needs);
+	// nil starts a goroutine for each. A Handler that hands the stream's
+	// copying to a goroutine of its own and returns suits it best.
+	Workers *workers.Pool
 	// Logger may be nil (discard).
 	Logger *slog.Logger
 	// Registerer may be nil (no metrics).
@@ -55,6 +62,7 @@ type Server struct {
 	maxStreams  uint32
 	ctx         context.Context
 	cancel      context.CancelFunc // force-close: cancels every Serve'd conn
+	workers     *workers.Pool      // runs serveStream; nil: a goroutine each
 
 	shutting atomic.Bool  // Shutdown started; set under mu
 	handlers atomic.Int64 // Handler calls in progress
@@ -88,6 +96,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		tlsConf:     tlsForHBONE(opts.TLS),
 		handler:     opts.Handler,
 		connContext: opts.ConnContext,
+		workers:     opts.Workers,
 		log:         opts.Logger,
 		metrics:     newServerMetrics(opts.Registerer),
 		listeners:   make(map[net.Listener]struct{}),
@@ -347,7 +356,8 @@ func (s *Server) checkIdleLocked() {
 }
 
 // startStream runs on the connection's reader goroutine for each new
-// stream: it starts the stream's Handler goroutine.
+// stream: it starts the stream's Handler, on one of ServerOptions.Workers'
+// goroutines if set.
 func (s *Server) startStream(connCtx context.Context, sc *serverConn, hs *h2stream, mh *http2.MetaHeadersFrame) {
 	s.handlers.Add(1)
 	ctx, cancel := context.WithCancel(connCtx)
@@ -358,7 +368,7 @@ func (s *Server) startStream(connCtx context.Context, sc *serverConn, hs *h2stre
 	if ended {
 		cancel()
 	}
-	go s.serveStream(ctx, cancel, sc, hs, mh)
+	s.workers.Go(func() { s.serveStream(ctx, cancel, sc, hs, mh) })
 }
 
 // serveStream validates the CONNECT and hands it to the Handler.

@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
 	"github.com/ztunnel-go/ztunnel/internal/sockopt"
 	"github.com/ztunnel-go/ztunnel/internal/state"
+	"github.com/ztunnel-go/ztunnel/internal/workers"
 	"github.com/ztunnel-go/ztunnel/internal/xds"
 )
 
@@ -149,6 +150,10 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Set-up runs on kept goroutines, as in ztunnel (a few, so bursts in
+	// tests also take the fresh-goroutine path).
+	wctx, stopWorkers := context.WithCancel(context.Background())
+	t.Cleanup(stopWorkers)
 	p, err := proxy.New(proxy.Options{
 		State:   m.store.Snapshot,
 		Pool:    pool,
@@ -156,6 +161,7 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 		Dial:    dial,
 		Local:   local,
 		Metrics: metrics,
+		Workers: workers.New(wctx, 2),
 		// Live byte counts reach the metrics quickly in tests.
 		MetricsFlushInterval: 50 * time.Millisecond,
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/rbac"
 	"github.com/ztunnel-go/ztunnel/internal/state"
+	"github.com/ztunnel-go/ztunnel/internal/workers"
 )
 
 // Ports ztunnel listens on inside each served workload's network namespace.
@@ -62,6 +63,10 @@ type Options struct {
 	ClusterID string
 	// Metrics may be shared by many proxies; nil creates unregistered ones.
 	Metrics *Metrics
+	// Workers runs each accepted connection's set-up (and each inbound
+	// HBONE stream's) on goroutines kept between connections, shared by
+	// every proxy of the process; nil starts a goroutine for each.
+	Workers *workers.Pool
 	// Logger receives access logs and errors; nil discards.
 	Logger *slog.Logger
 	// Registerer receives the HBONE server's metrics (shared safely by
@@ -126,6 +131,7 @@ func New(opts Options) (*Proxy, error) {
 	srv, err := hbone.NewServer(hbone.ServerOptions{
 		TLS:        opts.Certs.ServerConfig(p.self),
 		Handler:    p.handleHBONE,
+		Workers:    opts.Workers,
 		Logger:     log,
 		Registerer: opts.Registerer,
 	})
@@ -213,10 +219,10 @@ func (p *Proxy) serve(ln net.Listener, handle func(*net.TCPConn)) {
 				continue
 			}
 			end := p.conns.begin()
-			go func() {
+			p.opts.Workers.Go(func() {
 				defer end()
 				handle(tc)
-			}()
+			})
 		}
 	}()
 }

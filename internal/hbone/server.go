@@ -29,8 +29,10 @@ type ServerOptions struct {
 	TLS *tls.Config
 	// Handler is called once per valid CONNECT stream, on a goroutine of
 	// its own (see Workers); it must Accept or Reject the Request, and the
-	// stream lives until Handler returns (or the Request's Detach says). ctx is cancelled when the stream or the
-	// connection ends; Handler must return promptly after that. Required.
+	// stream lives until Handler returns (or, after Request.Detach, until
+	// the function Detach returned is called). ctx is cancelled when the
+	// stream or the connection ends; Handler must return promptly after
+	// that. Required.
 	Handler func(ctx context.Context, req *Request)
 	// ConnContext, if set, runs once per connection after the TLS
 	// handshake: it can derive the peer identity once and store it in the

@@ -4,17 +4,21 @@
 //
 // A fresh goroutine starts with a 2 KiB stack, and the set-up of a
 // connection (policy, a dial through the net package, a CONNECT) grows it
-// three or four times, each growth a copy of the whole stack: in a CPU
-// profile of the connection-rate load, runtime.newstack was 8.5 % of the
-// receiving ztunnel's time, nearly all under the HBONE stream set-up
-// goroutine. gRPC-go's server stream workers do the same for the same
-// reason. A kept goroutine parks between jobs with its stack (the garbage
-// collector halves a mostly unused stack at each cycle, so an idle pool
-// gives its memory back by itself).
+// several times, each growth a copy of the whole stack: in CPU profiles of
+// the bench's connection loop, runtime.newstack was 6-8.5 % of the
+// receiving ztunnel's time, nearly all under the HBONE stream's set-up
+// goroutine, and 3-5 % of the sending one's. gRPC-go's server stream
+// workers exist for the same reason.
 //
-// Long-lived work (copying bytes of an idle connection) must not run here:
-// it would hold a worker and keep its large stack for the connection's
-// life. Jobs hand such work to goroutines of their own.
+// One Pool serves the whole process (every pod's proxy), so the goroutines
+// kept are bounded per node, not per pod. A kept goroutine parks between
+// jobs with its stack and ends after idleTimeout without one, so a node
+// that stopped taking connections gives them back.
+//
+// Long-lived work (copying the bytes of a connection that may idle for
+// hours) must not run here: it would hold a kept goroutine and its grown
+// stack for the connection's life. Jobs hand such work to goroutines of
+// their own (proxy's relay).
 package workers
 
 import (

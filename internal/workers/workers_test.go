@@ -53,8 +53,8 @@ func TestPoolKeepsAtMostMax(t *testing.T) {
 		p.Go(func() { started.Done(); release.Wait() })
 	}
 	started.Wait()
+	before := runtime.NumGoroutine() // the 10 jobs' goroutines included
 	release.Done()
-	before := runtime.NumGoroutine()
 	waitFor(t, "the burst's extra goroutines to end", func() bool {
 		return p.kept.Load() == 3 && runtime.NumGoroutine() <= before-7
 	})

@@ -259,3 +259,42 @@ func wantSockopts(t *testing.T, what string, c syscallConner, ws []sockoptWant) 
 		}
 	}
 }
+
+// TestDialFromSharesPorts: connections from one source address to
+// different destinations may share a local port, as connections without a
+// bound source do, because the port is chosen at connect(2). With the
+// pod's ephemeral range cut to one port, a dial from the same source to
+// each of two listeners succeeds; a port chosen at bind(2) would fail the
+// second with EADDRINUSE.
+func TestDialFromSharesPorts(t *testing.T) {
+	nstest.RequireRoot(t)
+	pod := nstest.New(t, "inpod-ports")
+	ns, err := OpenNetns(pod.Path(), NetnsOptions{Mark: 0x539})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := ns.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 40000"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	src := netip.MustParseAddr("127.0.0.9")
+	for _, addr := range []string{"127.0.0.1:7001", "127.0.0.1:7002"} {
+		ln, err := ns.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		c, err := ns.Dial(ctx, "tcp", addr, 0x539, DialFrom(src))
+		if err != nil {
+			t.Fatalf("dial %s from %s with one ephemeral port: %v", addr, src, err)
+		}
+		defer c.Close()
+		if got, want := c.LocalAddr().(*net.TCPAddr).AddrPort(), netip.AddrPortFrom(src, 40000); got != want {
+			t.Errorf("dial %s: local address %s, want %s", addr, got, want)
+		}
+	}
+}

@@ -4,21 +4,13 @@ import (
 	"context"
 	"net"
 	"testing"
-
-	"github.com/ztunnel-go/ztunnel/internal/nstest"
 )
 
 // BenchmarkNetnsDial: one TCP connection dialed from inside a pod's
 // namespace (to a listener there) and closed, as the inbound path dials
 // its pod for every proxied connection.
 func BenchmarkNetnsDial(b *testing.B) {
-	nstest.RequireRoot(b)
-	pod := nstest.New(b, "inpod-dialbench")
-	ns, err := OpenNetns(pod.Path(), NetnsOptions{Mark: 0x539})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ns.Close()
+	ns := openPod(b, "inpod-dialbench", NetnsOptions{Mark: 0x539})
 	ln, err := ns.Listen("tcp", "127.0.0.1:7000")
 	if err != nil {
 		b.Fatal(err)
@@ -49,13 +41,7 @@ func BenchmarkNetnsDial(b *testing.B) {
 // BenchmarkNetnsDo: entering and leaving a pod's namespace on a locked
 // thread, with nothing done inside.
 func BenchmarkNetnsDo(b *testing.B) {
-	nstest.RequireRoot(b)
-	pod := nstest.New(b, "inpod-dobench")
-	ns, err := OpenNetns(pod.Path(), NetnsOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ns.Close()
+	ns := openPod(b, "inpod-dobench", NetnsOptions{})
 	b.ReportAllocs()
 	for range b.N {
 		if err := ns.Do(func() error { return nil }); err != nil {

@@ -124,15 +124,23 @@ func threadNetns(t *testing.T) string {
 	return l
 }
 
-func TestNetnsSockets(t *testing.T) {
+// openPod makes a netns "pod" named name and opens it with opts; both go
+// at the end of the test. It skips when not root.
+func openPod(t testing.TB, name string, opts NetnsOptions) *Netns {
+	t.Helper()
 	nstest.RequireRoot(t)
-	pod := nstest.New(t, "inpod-sock")
-	host := threadNetns(t)
-	ns, err := OpenNetns(pod.Path(), NetnsOptions{Mark: 0x539, ReusePort: true})
+	pod := nstest.New(t, name)
+	ns, err := OpenNetns(pod.Path(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ns.Close()
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+func TestNetnsSockets(t *testing.T) {
+	ns := openPod(t, "inpod-sock", NetnsOptions{Mark: 0x539, ReusePort: true})
+	host := threadNetns(t)
 
 	ln, err := ns.Listen("tcp", "127.0.0.1:15008", ListenTransparent(true))
 	if err != nil {
@@ -267,13 +275,7 @@ func wantSockopts(t *testing.T, what string, c syscallConner, ws []sockoptWant) 
 // each of two listeners succeeds; a port chosen at bind(2) would fail the
 // second with EADDRINUSE.
 func TestDialFromSharesPorts(t *testing.T) {
-	nstest.RequireRoot(t)
-	pod := nstest.New(t, "inpod-ports")
-	ns, err := OpenNetns(pod.Path(), NetnsOptions{Mark: 0x539})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := openPod(t, "inpod-ports", NetnsOptions{Mark: 0x539})
 	if err := ns.Do(func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 40000"), 0o644)
 	}); err != nil {

@@ -78,17 +78,18 @@ func (p *Pool) run(f func()) {
 	defer t.Stop()
 	for {
 		p.waiting.Add(1)
+		var got bool
 		select {
 		case f = <-p.jobs:
-			p.waiting.Add(-1)
-			f()
-			t.Reset(p.idle)
+			got = true
 		case <-t.C:
-			p.waiting.Add(-1)
-			return
 		case <-p.done:
-			p.waiting.Add(-1)
+		}
+		p.waiting.Add(-1)
+		if !got {
 			return
 		}
+		f()
+		t.Reset(p.idle)
 	}
 }

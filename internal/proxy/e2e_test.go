@@ -302,6 +302,114 @@ policies:
 	})
 }
 
+// denyClient is meshConfig plus an unrelated workload (so that loading
+// it publishes an address change) and, with deny, a DENY for the client.
+func denyClient(m *mesh, deny bool) []byte {
+	cfg := strings.Replace(fmt.Sprintf(meshConfig, m.client.IP, m.server.IP), "workloads:\n", `workloads:
+- uid: c1//Pod/ns3/other
+  name: other
+  namespace: ns3
+  serviceAccount: other
+  workloadIps: ["10.244.99.9"]
+  protocol: HBONE
+`, 1)
+	if deny {
+		cfg += `
+policies:
+- name: deny-client
+  namespace: ns2
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals:
+          - Exact: cluster.local/ns/ns1/sa/client
+`
+	}
+	return []byte(cfg)
+}
+
+// echoOnce writes one byte on c and reports whether it came back within
+// the deadline.
+func echoOnce(c net.Conn, d time.Duration) error {
+	c.SetDeadline(time.Now().Add(d))
+	defer c.SetDeadline(time.Time{})
+	if _, err := c.Write([]byte("x")); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(c, make([]byte, 1))
+	return err
+}
+
+// TestE2EPolicyDenyDuringEvaluation: a DENY published while the server's
+// policy watcher is evaluating the change before it (an unrelated
+// address change) still closes the live connection.
+func TestE2EPolicyDenyDuringEvaluation(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := m.client.Dial(ctx, "tcp", netip.AddrPortFrom(m.server.IP, 7000).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echoOnce(c, 5*time.Second); err != nil {
+		t.Fatalf("echo before deny: %v", err)
+	}
+	// The watcher wakes on the address change and reads the state; the
+	// DENY lands right after that read.
+	pushed := make(chan struct{})
+	pushDeny := func() {
+		if err := xds.Load("deny.yaml", denyClient(m, true), m.store); err != nil {
+			t.Error(err)
+		}
+		close(pushed)
+	}
+	m.onServerState.Store(&pushDeny)
+	if err := xds.Load("other.yaml", denyClient(m, false), m.store); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-pushed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server's policy watcher never read the state after the address change")
+	}
+	if err := echoOnce(c, 3*time.Second); err == nil {
+		t.Fatal("connection still delivers data after the DENY")
+	}
+}
+
+// TestE2EPolicyDenyDuringSetUp: a DENY published after the server admitted
+// a connection but before it tracks it (while it dials the destination)
+// closes the connection: the watcher's evaluation of that change did not
+// see it.
+func TestE2EPolicyDenyDuringSetUp(t *testing.T) {
+	m := newMesh(t, 100)
+	echoServer(t, m.server)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pushDeny := func() {
+		if err := xds.Load("deny.yaml", denyClient(m, true), m.store); err != nil {
+			t.Error(err)
+		}
+		// Long enough for the watcher to evaluate the change before the
+		// connection is tracked.
+		time.Sleep(100 * time.Millisecond)
+	}
+	m.onServerDial.Store(&pushDeny)
+	c, err := m.client.Dial(ctx, "tcp", netip.AddrPortFrom(m.server.IP, 7000).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echoOnce(c, 3*time.Second); err == nil {
+		t.Fatal("a connection admitted just before the DENY still delivers data")
+	}
+	if m.onServerDial.Load() != nil {
+		t.Fatal("the server never dialed the destination")
+	}
+}
+
 // TestE2ECertRenewalUnderTraffic: with 3 s certificates (the issue's 30 s,
 // scaled down), streams over one pooled HBONE connection keep working
 // across several renewals, including after the certificate the connection

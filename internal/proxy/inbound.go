@@ -19,7 +19,7 @@ func (p *Proxy) handleHBONE(_ context.Context, req *hbone.Request) {
 	defer p.conns.begin()()
 	rec := newRecord(p.m, p.log, "inbound", req.RemoteAddr, req.Authority)
 	rec.hbone = req.LocalAddr.String()
-	up, recheck, err := p.admitHBONE(req, rec)
+	up, check, err := p.admitHBONE(req, rec)
 	if err != nil {
 		rec.done(&err)
 		return
@@ -31,7 +31,7 @@ func (p *Proxy) handleHBONE(_ context.Context, req *hbone.Request) {
 		return
 	}
 	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(stream, up) }, recheck: recheck})
+	untrack := p.track(&tracked{rec: rec, close: func() { abort(stream, up) }, policy: check})
 	finish := req.Detach()
 	p.relay(stream, up, &rec.counts, func(err error) {
 		untrack()
@@ -45,9 +45,9 @@ func (p *Proxy) handleHBONE(_ context.Context, req *hbone.Request) {
 // admitHBONE labels rec from the stream's workloads and peer certificate,
 // checks that the destination is served here and that policy allows the
 // connection, and connects the destination. On error it has answered the
-// CONNECT (400, 401 or 503) and left nothing open. recheck re-evaluates
+// CONNECT (400, 401 or 503) and left nothing open. check re-evaluates
 // the policy for the live connection.
-func (p *Proxy) admitHBONE(req *hbone.Request, rec *record) (up net.Conn, recheck func() bool, err error) {
+func (p *Proxy) admitHBONE(req *hbone.Request, rec *record) (up net.Conn, check *policyCheck, err error) {
 	src, dst := req.RemoteAddr, req.Authority
 	peer := identity.Identity{}
 	if req.TLS != nil {
@@ -83,7 +83,7 @@ func (p *Proxy) admitHBONE(req *hbone.Request, rec *record) (up net.Conn, rechec
 		req.Reject(http.StatusServiceUnavailable, "upstream connect failed")
 		return nil, nil, fmt.Errorf("proxy: inbound: dial %s: %w", dst, err)
 	}
-	return up, p.recheck(dstW.UID, conn), nil
+	return up, &policyCheck{admitted: snap, dstUID: dstW.UID, conn: conn}, nil
 }
 
 // handlePlaintext serves a redirected plaintext inbound connection (15006).
@@ -94,14 +94,14 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 		dst = addrPort(conn.LocalAddr())
 	}
 	rec := newRecord(p.m, p.log, "inbound", src, dst)
-	up, recheck, err := p.admitPlaintext(rec, src, dst)
+	up, check, err := p.admitPlaintext(rec, src, dst)
 	if err != nil {
 		rec.done(&err)
 		conn.Close()
 		return
 	}
 	rec.open(rec.labels)
-	untrack := p.conns.add(&tracked{rec: rec, close: func() { abort(conn, up) }, recheck: recheck})
+	untrack := p.track(&tracked{rec: rec, close: func() { abort(conn, up) }, policy: check})
 	p.relay(conn, up, &rec.counts, func(err error) {
 		untrack()
 		up.Close()
@@ -112,7 +112,7 @@ func (p *Proxy) handlePlaintext(conn *net.TCPConn) {
 
 // admitPlaintext is admitHBONE for a plaintext connection from src to dst:
 // no peer identity, and nothing to answer on error (the caller closes).
-func (p *Proxy) admitPlaintext(rec *record, src, dst netip.AddrPort) (up net.Conn, recheck func() bool, err error) {
+func (p *Proxy) admitPlaintext(rec *record, src, dst netip.AddrPort) (up net.Conn, check *policyCheck, err error) {
 	snap := p.opts.State()
 	dstW := snap.WorkloadByAddr(p.opts.Network, dst.Addr())
 	srcW := snap.WorkloadByAddr(p.opts.Network, src.Addr())
@@ -139,20 +139,39 @@ func (p *Proxy) admitPlaintext(rec *record, src, dst netip.AddrPort) (up net.Con
 		p.m.rejected.WithLabelValues("inbound", reasonDialFailed).Inc()
 		return nil, nil, fmt.Errorf("proxy: inbound plaintext: dial %s: %w", dst, err)
 	}
-	return up, p.recheck(dstW.UID, c), nil
+	return up, &policyCheck{admitted: snap, dstUID: dstW.UID, conn: c}, nil
 }
 
-// recheck returns the policy re-evaluation for a live inbound connection:
-// against the newest snapshot, for the same destination workload.
-func (p *Proxy) recheck(dstUID string, c rbac.Conn) func() bool {
-	return func() bool {
-		snap := p.opts.State()
-		w := snap.WorkloadByUID(dstUID)
-		if w == nil {
-			return false // the workload is gone
-		}
-		return authorize(snap, w, c).Allowed
+// policyCheck re-evaluates the policy of a live inbound connection, for
+// the same destination workload, against a newer snapshot.
+type policyCheck struct {
+	admitted *state.Snapshot // the snapshot the connection was admitted by
+	dstUID   string
+	conn     rbac.Conn
+}
+
+func (c *policyCheck) allowed(snap *state.Snapshot) bool {
+	w := snap.WorkloadByUID(c.dstUID)
+	if w == nil {
+		return false // the workload is gone
 	}
+	return authorize(snap, w, c.conn).Allowed
+}
+
+// track adds c to the live connections. A policy change published
+// between admission and now was re-evaluated without c, so c is checked
+// here against the newest snapshot; otherwise a DENY pushed during the
+// upstream dial would leave the connection open.
+func (p *Proxy) track(c *tracked) (untrack func()) {
+	untrack = p.conns.add(c)
+	if c.policy == nil {
+		return untrack
+	}
+	if snap := p.opts.State(); snap != c.policy.admitted && !c.policy.allowed(snap) {
+		p.log.Info("closed a connection no longer allowed by policy", "src", c.policy.conn.SrcIP.String(), "dst", c.policy.dstUID)
+		c.close()
+	}
+	return untrack
 }
 
 // labels.

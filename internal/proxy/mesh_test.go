@@ -42,6 +42,11 @@ type mesh struct {
 	clientCerts *identity.Manager
 	serverCerts *identity.Manager
 	hboneConns  atomic.Int64 // TCP connections accepted on the server's 15008
+	// onServerState, if set, runs once, right after the server proxy's
+	// next read of the state: a test publishes a change at that moment.
+	onServerState atomic.Pointer[func()]
+	// onServerDial, if set, runs once, before the server proxy's next dial.
+	onServerDial atomic.Pointer[func()]
 }
 
 const meshConfig = `
@@ -123,8 +128,8 @@ func newMeshTTL(t testing.TB, maxStreams int, ttl time.Duration) *mesh {
 	} else {
 		m.clientCerts, m.serverCerts = shortLived(t, ca, ttl), shortLived(t, ca, ttl)
 	}
-	m.clientZT = m.startProxy(t, cl, proxy.LocalWorkload{Namespace: "ns1", Name: "client", ServiceAccount: "client"}, m.clientCerts, metrics, maxStreams, nil)
-	m.serverZT = m.startProxy(t, sv, proxy.LocalWorkload{Namespace: "ns2", Name: "server", ServiceAccount: "server"}, m.serverCerts, metrics, maxStreams, &m.hboneConns)
+	m.clientZT = m.startProxy(t, cl, proxy.LocalWorkload{Namespace: "ns1", Name: "client", ServiceAccount: "client"}, m.clientCerts, metrics, maxStreams, false)
+	m.serverZT = m.startProxy(t, sv, proxy.LocalWorkload{Namespace: "ns2", Name: "server", ServiceAccount: "server"}, m.serverCerts, metrics, maxStreams, true)
 	return m
 }
 
@@ -141,9 +146,24 @@ func (l countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorkload, certs *identity.Manager, metrics *proxy.Metrics, maxStreams int, count *atomic.Int64) *proxy.Proxy {
+func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorkload, certs *identity.Manager, metrics *proxy.Metrics, maxStreams int, server bool) *proxy.Proxy {
 	t.Helper()
+	snapshot := m.store.Snapshot
+	if server {
+		snapshot = func() *state.Snapshot {
+			s := m.store.Snapshot()
+			if hook := m.onServerState.Swap(nil); hook != nil {
+				(*hook)()
+			}
+			return s
+		}
+	}
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if server {
+			if hook := m.onServerDial.Swap(nil); hook != nil {
+				(*hook)()
+			}
+		}
 		return markedDial(ctx, pod, network, addr)
 	}
 	pool, err := hbone.NewPool(hbone.PoolOptions{Dial: dial, TLS: proxy.PoolTLS(certs), MaxStreamsPerConn: maxStreams})
@@ -155,7 +175,7 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 	wctx, stopWorkers := context.WithCancel(context.Background())
 	t.Cleanup(stopWorkers)
 	p, err := proxy.New(proxy.Options{
-		State:   m.store.Snapshot,
+		State:   snapshot,
 		Pool:    pool,
 		Certs:   certs,
 		Dial:    dial,
@@ -178,8 +198,8 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 	p.ServeOutbound(listen(proxy.OutboundPort))
 	p.ServeInboundPlaintext(listen(proxy.InboundPlaintextPort))
 	hb := listen(proxy.HBONEPort)
-	if count != nil {
-		hb = countingListener{hb, count}
+	if server {
+		hb = countingListener{hb, &m.hboneConns}
 	}
 	p.ServeHBONE(hb)
 	t.Cleanup(func() {

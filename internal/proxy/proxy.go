@@ -276,11 +276,19 @@ func (p *Proxy) watchPolicy() {
 	defer p.wg.Done()
 	tick := time.NewTicker(p.opts.MetricsFlushInterval)
 	defer tick.Stop()
+	// Each turn evaluates the snapshot read on waking and then waits on
+	// that same snapshot, which leaves no gap: a change published during
+	// the evaluation has already closed its Changed channel. (Reading the
+	// state afresh at the top of each turn missed a change published
+	// between the evaluation and that read, as when a config is applied in
+	// two steps, addresses then policies, and the DENY went unenforced
+	// until some later change.)
+	snap := p.opts.State()
 	for {
-		snap := p.opts.State()
 		select {
 		case <-snap.Changed():
-			if n := p.conns.reevaluate(); n > 0 {
+			snap = p.opts.State()
+			if n := p.conns.reevaluate(snap); n > 0 {
 				p.log.Info("closed connections no longer allowed by policy", "count", n)
 			}
 		case <-tick.C:

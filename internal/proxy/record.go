@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ztunnel-go/ztunnel/internal/state"
 )
 
 // counters are a live connection's byte totals, in upstream's (and Istio's)
@@ -151,9 +153,9 @@ type tracked struct {
 	// rec, if set, is flushed periodically into the byte metrics.
 	rec   *record
 	close func()
-	// recheck reports whether the connection is still allowed; nil means
-	// policy does not apply (outbound).
-	recheck func() bool
+	// policy re-evaluates whether the connection is still allowed; nil
+	// means policy does not apply (outbound).
+	policy *policyCheck
 }
 
 // tracker holds every live proxied connection of one proxy instance, and
@@ -214,12 +216,12 @@ func (t *tracker) len() int {
 	return len(t.conns)
 }
 
-// reevaluate closes every connection whose policy check now fails and
-// returns how many it closed.
-func (t *tracker) reevaluate() int {
+// reevaluate closes every connection that snap's policy no longer allows
+// and returns how many it closed.
+func (t *tracker) reevaluate(snap *state.Snapshot) int {
 	n := 0
 	for _, c := range t.snapshot() {
-		if c.recheck != nil && !c.recheck() {
+		if c.policy != nil && !c.policy.allowed(snap) {
 			c.close()
 			n++
 		}

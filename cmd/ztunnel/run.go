@@ -88,8 +88,8 @@ func newLevels(cfg *config.Config, out io.Writer) (*admin.Levels, error) {
 // (package workers). Set-up blocks only briefly (a dial to a pod on this
 // node, a policy check), so a few per CPU cover a burst; past that a
 // connection gets a fresh goroutine, as every one did before. Kept ones
-// cost a parked goroutine each with its stack, and end after 5 s without
-// a connection.
+// cost a parked goroutine each with its stack, and end once the node has
+// gone the pool's idle timeout without a connection.
 const keptSetupWorkers = 16
 
 // start brings ztunnel up in dependency order: config sources, then

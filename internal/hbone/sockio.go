@@ -140,6 +140,9 @@ type sink struct {
 	n     *atomic.Int64   // caller's live counter; may be nil
 	total atomic.Int64
 	done  func(error) // StartCopyTo's completion; nil for CopyTo
+	// bounded: TCP_NOTSENT_LOWAT is set. Only tryWrite (the connection's
+	// reader) touches it.
+	bounded bool
 }
 
 func newSink(w io.Writer, n *atomic.Int64) *sink {
@@ -161,10 +164,15 @@ func (k *sink) count(n int) {
 }
 
 // tryWrite writes what the socket takes without blocking. A short count
-// with a nil error means the socket is full.
+// with a nil error means the socket is full; the first time, its unsent
+// bytes are bounded from then on (see notSentLowat).
 func (k *sink) tryWrite(p []byte) (int, error) {
 	n, err := k.io.write(p, false)
 	k.count(n)
+	if err == nil && n < len(p) && !k.bounded {
+		k.bounded = true
+		boundUnsent(k.rc)
+	}
 	return n, err
 }
 

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestEcho64MiB(t *testing.T) {
@@ -243,5 +245,83 @@ func TestStreamInfo(t *testing.T) {
 	}
 	if err := s.SetDeadline(time.Time{}); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("SetDeadline: %v, want ErrUnsupported", err)
+	}
+}
+
+// TestSinkBoundsUnsent: a socket a stream delivers into gets
+// TCP_NOTSENT_LOWAT once it has filled up behind a reader that does not
+// keep up (so a slow reader's stream drains, and returns window, in small
+// steps), and not before (a reader that keeps up pays no wake-ups for it,
+// a short connection no syscall).
+func TestSinkBoundsUnsent(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	s, err := e.pool.Connect(testCtx(t), e.key, "10.1.2.3:8080", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dst, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	reader, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	copied := make(chan error, 1)
+	go func() {
+		_, err := s.WriteTo(dst)
+		copied <- err
+	}()
+	lowat := func() int {
+		rc, err := dst.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		var serr error
+		if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT) }); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		return v
+	}
+	written := make(chan error, 1)
+	send := func(n int) { // echoed back by the server into dst
+		go func() {
+			_, err := s.Write(make([]byte, n))
+			written <- err
+		}()
+	}
+	send(64 << 10)
+	if _, err := io.ReadFull(reader, make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvTimeout(t, written, "the first write"); err != nil {
+		t.Fatal(err)
+	}
+	if got := lowat(); got == notSentLowat {
+		t.Errorf("TCP_NOTSENT_LOWAT = %d with nothing backed up", got)
+	}
+	// More than the socket's buffers (a few MiB on loopback) hold, with
+	// the reader not reading.
+	const bulk = 32 << 20
+	send(bulk)
+	waitFor(t, "TCP_NOTSENT_LOWAT on the full socket", func() bool { return lowat() == notSentLowat })
+	if n, err := io.CopyN(io.Discard, reader, bulk); err != nil {
+		t.Fatalf("read %d of %d bytes: %v", n, bulk, err)
+	}
+	if err := recvTimeout(t, written, "the bulk write"); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseWrite()
+	if err := recvTimeout(t, copied, "WriteTo's end"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -210,7 +210,7 @@ func (n *Netns) listenControl(opts []ListenOption) sockopt.Control {
 	for _, o := range opts {
 		o(&lc)
 	}
-	cs := []sockopt.Control{sockopt.Mark(n.opts.Mark)}
+	cs := []sockopt.Control{sockopt.Mark(n.opts.Mark), sockopt.KeepAlive(keepAliveIdle)}
 	if n.opts.ReusePort {
 		cs = append(cs, sockopt.ReusePort)
 	}
@@ -234,8 +234,13 @@ func bestEffort(c sockopt.Control) sockopt.Control {
 // Listen opens a stream listener inside n (network "tcp", "tcp4", "tcp6"),
 // with the Netns options applied. Ports ztunnel uses: 15001 outbound, 15006
 // inbound plaintext, 15008 inbound HBONE, 15053 DNS (also over UDP).
+//
+// Accepted connections get keep-alive probes after keepAliveIdle as with
+// net.ListenConfig's default, but inherited from the listening socket:
+// the default sets them with four setsockopt calls on every accepted
+// connection.
 func (n *Netns) Listen(network, addr string, opts ...ListenOption) (net.Listener, error) {
-	lc := net.ListenConfig{Control: n.listenControl(opts)}
+	lc := net.ListenConfig{Control: n.listenControl(opts), KeepAlive: -1}
 	var ln net.Listener
 	err := n.Do(func() (err error) {
 		if n.opts.ReusePort {
@@ -276,6 +281,11 @@ func (n *Netns) ListenPacket(network, addr string, opts ...ListenOption) (net.Pa
 	return pc, nil
 }
 
+// keepAliveIdle is the keep-alive idle time and probe interval of every
+// TCP connection made in a pod (net.Dialer's and net.ListenConfig's
+// default; the kernel's probe count stands).
+const keepAliveIdle = 15 * time.Second
+
 // DialOption adjusts one outgoing connection.
 type DialOption func(*net.Dialer, *[]sockopt.Control)
 
@@ -301,7 +311,7 @@ func DialFrom(src netip.Addr) DialOption {
 func (n *Netns) Dial(ctx context.Context, network, addr string, mark uint32, opts ...DialOption) (net.Conn, error) {
 	// KeepAlive as net.Dialer's default would set it, less the probe count
 	// (one setsockopt fewer; the kernel's default stands).
-	d := net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: -1}}
+	d := net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle, Interval: keepAliveIdle, Count: -1}}
 	cs := []sockopt.Control{sockopt.Mark(mark)}
 	for _, o := range opts {
 		o(&d, &cs)

@@ -152,6 +152,7 @@ func TestNetnsSockets(t *testing.T) {
 		{"SO_MARK", unix.SOL_SOCKET, unix.SO_MARK, 0x539},
 		{"SO_REUSEPORT", unix.SOL_SOCKET, unix.SO_REUSEPORT, 1},
 		{"IP_TRANSPARENT", unix.SOL_IP, unix.IP_TRANSPARENT, 1},
+		{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 	})
 	// SO_REUSEPORT lets a second ztunnel bind the same port.
 	ln2, err := ns.Listen("tcp", "127.0.0.1:15008")
@@ -162,12 +163,15 @@ func TestNetnsSockets(t *testing.T) {
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	accepted := make(chan map[string]int, 1)
 	wg.Go(func() {
 		c, err := ln.Accept()
 		if err == nil {
+			accepted <- readSockopts(c.(*net.TCPConn), keepAliveOpts)
 			c.Write([]byte("in pod"))
 			c.Close()
 		}
+		close(accepted)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -197,6 +201,14 @@ func TestNetnsSockets(t *testing.T) {
 	c.Close()
 	if string(got) != "in pod" {
 		t.Fatalf("read %q", got)
+	}
+	// Keep-alive as net.ListenConfig's default sets it per connection,
+	// inherited from the listener instead.
+	opts := <-accepted
+	for _, o := range keepAliveOpts {
+		if opts[o.name] != o.want {
+			t.Errorf("accepted %s = %d, want %d", o.name, opts[o.name], o.want)
+		}
 	}
 	// DialFrom: the connection leaves from the given source (bound before
 	// the connect starts, with IP_TRANSPARENT), and the listener sees it.
@@ -250,6 +262,33 @@ func TestNetnsSockets(t *testing.T) {
 			t.Fatalf("a thread is in %s, host is %s", l, host)
 		}
 	}
+}
+
+// keepAliveOpts: keep-alive after 15 s, then every 15 s.
+var keepAliveOpts = []sockoptWant{
+	{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+	{"TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+	{"TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+}
+
+// readSockopts reads the options ws of c by name, -1 for one that cannot
+// be read; for goroutines that must not call t.Fatal.
+func readSockopts(c *net.TCPConn, ws []sockoptWant) map[string]int {
+	got := map[string]int{}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return got
+	}
+	rc.Control(func(fd uintptr) {
+		for _, w := range ws {
+			v, err := unix.GetsockoptInt(int(fd), w.level, w.opt)
+			if err != nil {
+				v = -1
+			}
+			got[w.name] = v
+		}
+	})
+	return got
 }
 
 type sockoptWant struct {

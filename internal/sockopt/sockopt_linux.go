@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +39,35 @@ func Transparent(network, _ string, c syscall.RawConn) error {
 		return setInt(c, unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1, "IPV6_TRANSPARENT")
 	}
 	return setInt(c, unix.SOL_IP, unix.IP_TRANSPARENT, 1, "IP_TRANSPARENT")
+}
+
+// KeepAlive returns a Control that turns on TCP keep-alive probes after
+// idle without traffic, every idle after that (the kernel's probe count
+// stands). Set on a listening socket, its accepted connections inherit it.
+func KeepAlive(idle time.Duration) Control {
+	secs := int(idle / time.Second)
+	return func(network, _ string, c syscall.RawConn) error {
+		if !strings.HasPrefix(network, "tcp") {
+			return nil
+		}
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs)
+			}
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs)
+			}
+		})
+		if err == nil {
+			err = serr
+		}
+		if err != nil {
+			return fmt.Errorf("sockopt: set keep-alive: %w", err)
+		}
+		return nil
+	}
 }
 
 // Chain runs each non-nil Control in order and stops at the first error.

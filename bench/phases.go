@@ -12,17 +12,20 @@ import (
 // procSnap is a process's CPU time and context switches at one moment;
 // the phases' costs are differences of two.
 type procSnap struct {
-	cpu time.Duration
-	sw  Switches
+	cpu     time.Duration // in ticks, exited threads included
+	threads time.Duration // exact, live threads (see cpuSpent)
+	exact   bool          // threads was read
+	sw      Switches
 }
 
 func readProcSnap(pid int) (procSnap, error) {
+	threads, exact := threadsCPU(pid)
 	cpu, err := processCPU(pid)
 	if err != nil {
 		return procSnap{}, err
 	}
 	sw, err := processSwitches(pid)
-	return procSnap{cpu, sw}, err
+	return procSnap{cpu: cpu, threads: threads, exact: exact, sw: sw}, err
 }
 
 // procDelta is what a process spent between two snapshots.
@@ -35,7 +38,7 @@ type procDelta struct {
 func (s procSnap) since(b procSnap) procDelta {
 	vol := float64(s.sw.Voluntary - b.sw.Voluntary)
 	return procDelta{
-		cpu:      s.cpu - b.cpu,
+		cpu:      cpuSpent(b.cpu, s.cpu, b.threads, s.threads, b.exact && s.exact),
 		vol:      vol,
 		all:      vol + float64(s.sw.Nonvoluntary-b.sw.Nonvoluntary),
 		syscalls: float64(s.sw.Syscalls - b.sw.Syscalls),

@@ -110,6 +110,54 @@ func TestParseStatCPU(t *testing.T) {
 	}
 }
 
+// TestCPUSpent: the threads' exact figure is used unless exited threads
+// took more than two ticks with them.
+func TestCPUSpent(t *testing.T) {
+	ms := time.Millisecond
+	cases := []struct {
+		name             string
+		t0, t1, th0, th1 time.Duration
+		exact            bool
+		want             time.Duration
+	}{
+		{"exact under a tick", 100 * ms, 100 * ms, 101 * ms, 107 * ms, true, 6 * ms},
+		{"exact, ticks rounded up", 100 * ms, 130 * ms, 95 * ms, 112 * ms, true, 17 * ms},
+		{"a thread exited with 50 ms", 100 * ms, 160 * ms, 100 * ms, 110 * ms, true, 60 * ms},
+		{"no schedstat", 100 * ms, 110 * ms, 0, 0, false, 10 * ms},
+		{"never negative", 100 * ms, 100 * ms, 110 * ms, 105 * ms, true, 0},
+	}
+	for _, tc := range cases {
+		if got := cpuSpent(tc.t0, tc.t1, tc.th0, tc.th1, tc.exact); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestThreadsCPU reads this process's threads: what a busy loop spent
+// shows up, to well under a tick, and agrees with the tick count.
+func TestThreadsCPU(t *testing.T) {
+	pid := os.Getpid()
+	th0, ok := threadsCPU(pid)
+	if !ok {
+		t.Skip("bench: no /proc/<pid>/task/*/schedstat on this kernel: CPU figures fall back to ticks")
+	}
+	runtime.LockOSThread() // the loop's time stays on one live thread
+	for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
+	}
+	runtime.UnlockOSThread()
+	th1, _ := threadsCPU(pid)
+	if d := th1 - th0; d < 20*time.Millisecond || d > time.Second {
+		t.Fatalf("a 30 ms busy loop: threads' CPU moved %v", d)
+	}
+	ticks, err := processCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := ticks - th1; diff < -20*time.Millisecond || diff > time.Second {
+		t.Errorf("ticks %v against threads %v", ticks, th1)
+	}
+}
+
 func TestParseStatusKB(t *testing.T) {
 	status := "Name:\tztunnel\nVmPeak:\t  900 kB\nVmRSS:\t   12345 kB\nThreads:\t9\n"
 	if got, err := parseStatusKB(status, "VmRSS"); err != nil || got != 12345<<10 {

@@ -53,31 +53,42 @@ func processCPU(pid int) (time.Duration, error) {
 // threadsCPU is the time the process's live threads have spent on a CPU,
 // to the nanosecond (the first field of each /proc/<pid>/task/*/schedstat;
 // the sum processCPU rounds to ticks, less what exited threads took with
-// them). ok is false when the kernel has no schedstat.
+// them). ok is false when the kernel has no schedstat (not even the main
+// thread's).
 func threadsCPU(pid int) (d time.Duration, ok bool) {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 0, false
-	}
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
-		if errors.Is(err, os.ErrNotExist) && t.Name() == strconv.Itoa(pid) {
-			return 0, false // no schedstat at all (the main thread is there)
-		}
-		if err != nil {
-			continue // the thread exited meanwhile
-		}
+	main, bad := strconv.Itoa(pid), false
+	err := eachThread(pid, "schedstat", func(tid string, b []byte) {
 		f := strings.Fields(string(b))
 		if len(f) == 0 {
-			return 0, false
+			bad = true
+			return
 		}
 		ns, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil {
-			return 0, false
+			bad = true
+			return
 		}
+		ok = ok || tid == main
 		d += time.Duration(ns)
+	})
+	return d, err == nil && ok && !bad
+}
+
+// eachThread calls fn with the content of /proc/<pid>/task/<tid>/<file>
+// for every thread of pid that is still there when its file is read.
+func eachThread(pid int, file string, fn func(tid string, b []byte)) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return fmt.Errorf("bench: threads of %d: %w", pid, err)
 	}
-	return d, true
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/%s", pid, t.Name(), file))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		fn(t.Name(), b)
+	}
+	return nil
 }
 
 // cpuSpent is the CPU time a process spent between two readings of
@@ -287,18 +298,13 @@ type Switches struct {
 // syscall counts (/proc/<pid>/io already includes exited threads).
 func processSwitches(pid int) (Switches, error) {
 	var s Switches
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return s, fmt.Errorf("bench: threads of %d: %w", pid, err)
-	}
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
-		if err != nil {
-			continue // the thread exited meanwhile
-		}
+	err := eachThread(pid, "status", func(_ string, b []byte) {
 		v, nv := parseCtxSwitches(string(b))
 		s.Voluntary += v
 		s.Nonvoluntary += nv
+	})
+	if err != nil {
+		return s, err
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {

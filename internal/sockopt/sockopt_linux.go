@@ -50,23 +50,13 @@ func KeepAlive(idle time.Duration) Control {
 		if !strings.HasPrefix(network, "tcp") {
 			return nil
 		}
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs)
-			}
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs)
-			}
-		})
-		if err == nil {
-			err = serr
+		if err := setInt(c, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE"); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("sockopt: set keep-alive: %w", err)
+		if err := setInt(c, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs, "TCP_KEEPIDLE"); err != nil {
+			return err
 		}
-		return nil
+		return setInt(c, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs, "TCP_KEEPINTVL")
 	}
 }
 

@@ -215,7 +215,7 @@ func probeLag(ctx context.Context, rate int) Latency {
 	for range latencyConns {
 		<-ready
 	}
-	schedule(ctx, n, interval, ch, &start)
+	schedule(ctx, n, slots{interval: interval}, ch, &start)
 	wg.Wait()
 	return summarize(lag)
 }

@@ -8,7 +8,43 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// schedule sends 0..n-1 on ch, index i at start+i*interval, then closes ch.
+// slots is an open loop's send schedule: request i is due at i×interval
+// after the start or, jittered, at a pseudo-random point of that slot
+// (same rate, irregular gaps of 0 to 2 intervals).
+//
+// The profile loads are jittered. An exact 1 ms period divides the
+// kernel's scheduler tick (4 ms here, HZ=250), so every request of a phase
+// met the tick at the same point of its path, and the tick is what
+// expires the per-thread CPU timers behind Go's CPU profiler: a ztunnel
+// that was never on the CPU at a tick was never sampled. -profile-phase
+// rps came back with 0 samples in half the runs where each ztunnel spent
+// ~300 ms; jittered, 230–370 ms in 5 of 5. The measured phases keep the exact
+// period, so their figures stay comparable with earlier runs.
+type slots struct {
+	interval time.Duration
+	jitter   bool
+}
+
+// due is request i's send time relative to the start.
+func (s slots) due(i int) time.Duration {
+	d := time.Duration(i) * s.interval
+	if s.jitter && s.interval > 0 {
+		d += time.Duration(splitmix64(uint64(i)) % uint64(s.interval))
+	}
+	return d
+}
+
+// splitmix64 is a stateless mixer: a request's jitter is a function of its
+// index alone, so the workers and the schedule agree on it without
+// sharing a generator.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// schedule sends 0..n-1 on ch, index i at start+s.due(i), then closes ch.
 // It sets *start before the first send, so a receiver may read it. ch must have capacity n so the schedule never waits for
 // the workers: a request whose worker is busy waits in ch and its wait
 // counts in its latency (open loop, no coordinated omission).
@@ -18,7 +54,7 @@ import (
 // be up to ~1 ms late. The schedule therefore runs on its own OS thread
 // sleeping in clock_nanosleep(TIMER_ABSTIME) with a 1 ns timer slack
 // (the default 50 µs would add up to 50 µs to each send).
-func schedule(ctx context.Context, n int, interval time.Duration, ch chan<- int, start *time.Time) {
+func schedule(ctx context.Context, n int, s slots, ch chan<- int, start *time.Time) {
 	started := make(chan struct{})
 	go func() {
 		defer close(ch)
@@ -41,7 +77,7 @@ func schedule(ctx context.Context, n int, interval time.Duration, ch chan<- int,
 		*start = time.Now()
 		close(started)
 		for i := 0; i < n && ctx.Err() == nil; i++ {
-			req := unix.NsecToTimespec(base + int64(i)*int64(interval))
+			req := unix.NsecToTimespec(base + int64(s.due(i)))
 			for unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &req, nil) == unix.EINTR {
 			}
 			ch <- i

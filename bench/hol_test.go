@@ -24,7 +24,7 @@ func TestSplitByTurn(t *testing.T) {
 	for i := 100; i < 150; i++ {
 		each[i] = 50 * time.Millisecond
 	}
-	ts := splitByTurn(openLoopResult{each: each, start: start, interval: time.Millisecond}, turns, 20*time.Millisecond)
+	ts := splitByTurn(openLoopResult{each: each, start: start, slots: slots{interval: time.Millisecond}}, turns, 20*time.Millisecond)
 	// Moving: 0-299 (no turn before it, so nothing settles) and 620-899;
 	// idle: 400-599; draining (300-399, 900-999): neither.
 	if ts.loaded.Count != 300+280 || ts.idle.Count != 200 {

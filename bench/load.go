@@ -36,6 +36,10 @@ type path struct {
 	client *nstest.Pod
 	server netip.Addr
 
+	// jitter: open loops on this path send at jittered points of their
+	// slots (see slots); set for the profile loads only.
+	jitter bool
+
 	dials    atomic.Int64 // connections established
 	verified atomic.Int64 // payload bytes received and checked
 }
@@ -140,10 +144,10 @@ type openLoopResult struct {
 	lag     Latency // from the scheduled time to the moment a worker began it
 	elapsed time.Duration
 	// Each request's latency in schedule order: request i was due at
-	// start + i×interval.
-	each     []time.Duration
-	start    time.Time
-	interval time.Duration
+	// start + slots.due(i).
+	each  []time.Duration
+	start time.Time
+	slots slots
 }
 
 // openLoop sends rate requests/s of msgSize bytes for d, each checked
@@ -152,7 +156,7 @@ type openLoopResult struct {
 // socketFactory makes in the client pod) and closes it.
 func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bool, conns int) (openLoopResult, error) {
 	n := max(1, int(float64(rate)*d.Seconds()))
-	interval := time.Second / time.Duration(rate)
+	sl := slots{interval: time.Second / time.Duration(rate), jitter: p.jitter}
 	lat := make([]time.Duration, n)
 	lag := make([]time.Duration, n)
 	ctx, cancel := context.WithCancel(ctx)
@@ -193,7 +197,7 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 			if ctx.Err() != nil {
 				continue // drain
 			}
-			sched := start.Add(time.Duration(i) * interval)
+			sched := start.Add(sl.due(i))
 			lag[i] = time.Since(sched)
 			request(req, uint64(i))
 			var c net.Conn
@@ -228,7 +232,7 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 	case <-allReady:
 	case <-ctx.Done():
 	}
-	schedule(ctx, n, interval, ch, &start)
+	schedule(ctx, n, sl, ch, &start)
 	wg.Wait()
 	elapsed := time.Since(start)
 	if fe.err != nil {
@@ -239,7 +243,7 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 	}
 	each := slices.Clone(lat) // summarize sorts lat
 	return openLoopResult{latency: summarize(lat), lag: summarize(lag), elapsed: elapsed,
-		each: each, start: start, interval: interval}, nil
+		each: each, start: start, slots: sl}, nil
 }
 
 // bulk streams the pattern to the sink over streams connections for d and

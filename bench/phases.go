@@ -408,7 +408,7 @@ func splitByTurn(lat openLoopResult, turns []turn, settle time.Duration) turnSpl
 	perTurn := make([][]time.Duration, len(turns)+1)
 	k := 0 // turns[:k] are at or before the current request's due time
 	for i, l := range lat.each {
-		due := lat.start.Add(time.Duration(i) * lat.interval)
+		due := lat.start.Add(lat.slots.due(i))
 		for k < len(turns) && !turns[k].at.After(due) {
 			k++
 		}

@@ -52,7 +52,7 @@ func profiled(rs []ScenarioResult, phase string) (string, bool) {
 // written (pprof protobufs and, when `go tool pprof` is available, their
 // -top text), named <scenario>-<phase>-node<N>.
 func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, seconds int) ([]string, error) {
-	p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
+	p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP, jitter: true}
 	var files []string
 	var mu sync.Mutex
 	var wg sync.WaitGroup

@@ -618,3 +618,27 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotsDue: an exact schedule keeps its period; a jittered one keeps
+// each request in its own slot but spreads the requests over the whole
+// slot, so no phase against a periodic kernel tick is favoured.
+func TestSlotsDue(t *testing.T) {
+	const interval = time.Millisecond
+	exact, jittered := slots{interval: interval}, slots{interval: interval, jitter: true}
+	var deciles [10]int
+	for i := range 5000 {
+		if got, want := exact.due(i), time.Duration(i)*interval; got != want {
+			t.Fatalf("exact due(%d) = %v, want %v", i, got, want)
+		}
+		off := jittered.due(i) - time.Duration(i)*interval
+		if off < 0 || off >= interval {
+			t.Fatalf("jittered due(%d) is %v into its slot, outside [0, %v)", i, off, interval)
+		}
+		deciles[off*10/interval]++
+	}
+	for k, n := range deciles {
+		if n < 400 || n > 600 {
+			t.Fatalf("jittered offsets: decile %d holds %d of 5000 (want ~500): %v", k, n, deciles)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/proxy"
+	"github.com/ztunnel-go/ztunnel/internal/state"
 	"github.com/ztunnel-go/ztunnel/internal/xds"
 )
 
@@ -357,18 +358,36 @@ func TestE2EPolicyDenyDuringEvaluation(t *testing.T) {
 		t.Fatalf("echo before deny: %v", err)
 	}
 	// The watcher wakes on the address change and reads the state; the
-	// DENY lands right after that read.
-	pushed := make(chan struct{})
-	pushDeny := func() {
-		if err := xds.Load("deny.yaml", denyClient(m, true), m.store); err != nil {
-			t.Error(err)
+	// DENY lands right after that read. Two things must not let the other
+	// change's config, which has no DENY, replace it: a read from before
+	// that change (the watcher's first, if its goroutine started late), so
+	// the hook waits for a snapshot holding the change; and the change's
+	// second step (a file load replaces addresses, then policies, each
+	// published), so the DENY is loaded only once that load returned.
+	pushed, loaded := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	pushDeny := func(s *state.Snapshot) bool {
+		if s.WorkloadByUID("c1//Pod/ns3/other") == nil {
+			return false
 		}
-		close(pushed)
+		once.Do(func() {
+			select {
+			case <-loaded:
+			case <-time.After(10 * time.Second):
+				t.Error("the address change's load never returned")
+			}
+			if err := xds.Load("deny.yaml", denyClient(m, true), m.store); err != nil {
+				t.Error(err)
+			}
+			close(pushed)
+		})
+		return true
 	}
 	m.onServerState.Store(&pushDeny)
 	if err := xds.Load("other.yaml", denyClient(m, false), m.store); err != nil {
 		t.Fatal(err)
 	}
+	close(loaded)
 	select {
 	case <-pushed:
 	case <-time.After(10 * time.Second):

@@ -42,9 +42,11 @@ type mesh struct {
 	clientCerts *identity.Manager
 	serverCerts *identity.Manager
 	hboneConns  atomic.Int64 // TCP connections accepted on the server's 15008
-	// onServerState, if set, runs once, right after the server proxy's
-	// next read of the state: a test publishes a change at that moment.
-	onServerState atomic.Pointer[func()]
+	// onServerState, if set, is called with each snapshot the server proxy
+	// reads, right after the read, until it returns true: a test publishes
+	// a change at the moment it picks. (A hook that fired on the next read
+	// of any kind could fire before the change the test waits for.)
+	onServerState atomic.Pointer[func(*state.Snapshot) bool]
 	// onServerDial, if set, runs once, before the server proxy's next dial.
 	onServerDial atomic.Pointer[func()]
 }
@@ -152,8 +154,8 @@ func (m *mesh) startProxy(t testing.TB, pod *nstest.Pod, local proxy.LocalWorklo
 	if server {
 		snapshot = func() *state.Snapshot {
 			s := m.store.Snapshot()
-			if hook := m.onServerState.Swap(nil); hook != nil {
-				(*hook)()
+			if hook := m.onServerState.Load(); hook != nil && (*hook)(s) {
+				m.onServerState.CompareAndSwap(hook, nil)
 			}
 			return s
 		}

@@ -197,8 +197,8 @@ func settle(ctx context.Context, wait bool, log func(string, ...any)) (LoadSampl
 // that do nothing but note how late they started: the harness's own
 // precision, without any network.
 func probeLag(ctx context.Context, rate int) Latency {
-	interval := time.Second / time.Duration(rate)
-	n := max(1, int(lagProbe/interval))
+	sl := slots{interval: time.Second / time.Duration(rate)}
+	n := max(1, int(lagProbe/sl.interval))
 	lag := make([]time.Duration, n)
 	ch := make(chan int, n)
 	var start time.Time
@@ -208,14 +208,14 @@ func probeLag(ctx context.Context, rate int) Latency {
 		wg.Go(func() {
 			ready <- struct{}{}
 			for i := range ch {
-				lag[i] = time.Since(start.Add(time.Duration(i) * interval))
+				lag[i] = time.Since(start.Add(sl.due(i)))
 			}
 		})
 	}
 	for range latencyConns {
 		<-ready
 	}
-	schedule(ctx, n, slots{interval: interval}, ch, &start)
+	schedule(ctx, n, sl, ch, &start)
 	wg.Wait()
 	return summarize(lag)
 }

@@ -161,20 +161,58 @@ type tracked struct {
 // tracker holds every live proxied connection of one proxy instance, and
 // counts the ones still being set up (accepted, upstream not yet connected)
 // so that a drain waits for them too.
+//
+// The count is a plain integer under mu, not a sync.WaitGroup: an HBONE
+// stream (or an accept that raced the listener's close) may begin while a
+// drain already waits at a count of zero, and a WaitGroup forbids exactly
+// that Add (the race detector saw it during shutdown). Here such a
+// connection is simply counted, and the drain waits for it as well.
 type tracker struct {
 	mu      sync.Mutex
 	conns   map[*tracked]struct{} // guarded by mu
 	closing bool                  // guarded by mu: drain has given up waiting; add closes at once
-	wg      sync.WaitGroup        // tracked connections and set-ups in progress
+	active  int                   // guarded by mu: tracked connections and set-ups in progress
+	idle    chan struct{}         // guarded by mu: closed when active drops to zero; nil if nobody waits
 }
 
 func newTracker() *tracker { return &tracker{conns: map[*tracked]struct{}{}} }
 
-// begin counts a connection being set up; call the returned func when its
-// handler returns.
+// begin counts a connection being set up; call the returned func exactly
+// once, when its handler returns.
 func (t *tracker) begin() (end func()) {
-	t.wg.Add(1)
-	return t.wg.Done
+	t.mu.Lock()
+	t.active++
+	t.mu.Unlock()
+	return t.release
+}
+
+func (t *tracker) release() {
+	t.mu.Lock()
+	t.releaseLocked()
+	t.mu.Unlock()
+}
+
+func (t *tracker) releaseLocked() {
+	t.active--
+	if t.active == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// idleCh returns a channel closed once nothing is active.
+func (t *tracker) idleCh() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.active == 0 {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	return t.idle
 }
 
 // add tracks c until the returned func is called. After a drain gave up
@@ -187,13 +225,13 @@ func (t *tracker) add(c *tracked) func() {
 		return func() {}
 	}
 	t.conns[c] = struct{}{}
-	t.wg.Add(1)
+	t.active++
 	t.mu.Unlock()
 	return func() {
 		t.mu.Lock()
 		if _, ok := t.conns[c]; ok {
 			delete(t.conns, c)
-			t.wg.Done()
+			t.releaseLocked()
 		}
 		t.mu.Unlock()
 	}
@@ -243,10 +281,8 @@ func (t *tracker) flush() {
 // fail, closes every tracked connection, and waits for all handlers to
 // return. A connection whose set-up completes after that is closed by add.
 func (t *tracker) drain(ctx context.Context, abortSetup func()) {
-	done := make(chan struct{})
-	go func() { t.wg.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-t.idleCh():
 	case <-ctx.Done():
 	}
 	t.mu.Lock()
@@ -256,5 +292,5 @@ func (t *tracker) drain(ctx context.Context, abortSetup func()) {
 	for _, c := range t.snapshot() {
 		c.close()
 	}
-	<-done
+	<-t.idleCh()
 }

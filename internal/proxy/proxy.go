@@ -150,6 +150,10 @@ func New(opts Options) (*Proxy, error) {
 // Identity is the served workload's identity.
 func (p *Proxy) Identity() identity.Identity { return p.self }
 
+// addListener registers ln for Shutdown to close and counts the goroutine
+// that will serve it (the caller runs it and calls p.wg.Done). The count is
+// taken under mu with the draining check, so it happens before Shutdown's
+// p.wg.Wait or not at all.
 func (p *Proxy) addListener(ln net.Listener) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -158,6 +162,7 @@ func (p *Proxy) addListener(ln net.Listener) bool {
 		return false
 	}
 	p.listeners = append(p.listeners, ln)
+	p.wg.Add(1)
 	return true
 }
 
@@ -178,7 +183,6 @@ func (p *Proxy) ServeHBONE(ln net.Listener) {
 		return
 	}
 	ln = countAccepts(ln, p.m)
-	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		if err := p.inbound.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -192,7 +196,6 @@ func (p *Proxy) serve(ln net.Listener, handle func(*net.TCPConn)) {
 		return
 	}
 	ln = countAccepts(ln, p.m)
-	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		var delay time.Duration

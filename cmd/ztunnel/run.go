@@ -57,7 +57,11 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	a, err := start(ctx, cfg, logOut)
+	lw := newLogWriter(logOut)
+	// Runs before main prints run's error, so the lines leading up to it
+	// come first.
+	defer lw.Flush()
+	a, err := start(ctx, cfg, lw)
 	if err != nil {
 		return err
 	}
@@ -80,6 +84,9 @@ func newLevels(cfg *config.Config, out io.Writer) (*admin.Levels, error) {
 	var h slog.Handler = slog.NewTextHandler(out, opts)
 	if cfg.LogFormat == "json" {
 		h = slog.NewJSONHandler(out, opts)
+	}
+	if f, ok := out.(flusher); ok {
+		h = flushOnWarn{h, f}
 	}
 	return admin.NewLevels(h, lvl), nil
 }

@@ -22,11 +22,11 @@ const logFlushDelay = 100 * time.Millisecond
 const logFlushBytes = 64 << 10
 
 // logWriter batches log lines for out; flushOnWarn writes the batch out
-// with any warning or error, so the lines leading up to a problem are on
-// disk when the problem is, even if the process dies right after. Each Write call must hold whole
-// lines (slog's handlers write one record per call), so a flush never
-// splits a line. A write error drops the batch: there is nowhere left to
-// report it.
+// with any warning or error, so the lines leading up to a problem are out
+// when the problem is, even if the process dies right after. Each Write
+// must hold whole lines (slog's handlers write one record per call), so a
+// flush never splits a line. A write error drops the batch: there is
+// nowhere left to report it.
 type logWriter struct {
 	out io.Writer
 

@@ -164,7 +164,8 @@ func TestLogWriterWarningFlushesTheBatch(t *testing.T) {
 			if i, j := strings.Index(got, "connection complete"), strings.Index(got, "connection failed"); i < 0 || j < i {
 				t.Fatalf("want the INFO line, then the warning:\n%s", got)
 			}
-			if strings.Contains(got, "hidden") || !strings.Contains(got, "proxy") || strings.Count(got, "7") < 2 {
+			attr := map[string]string{"text": "conn=7", "json": `"conn":7`}[format]
+			if strings.Contains(got, "hidden") || !strings.Contains(got, "proxy") || strings.Count(got, attr) != 2 {
 				t.Fatalf("scope or attrs lost through the wrapper:\n%s", got)
 			}
 		})

@@ -32,10 +32,10 @@ const (
 	// was the figure. Workers are plain goroutines (nsdial.go), cheap to
 	// keep waiting; 256 also bounds the sockets open at once.
 	newConnWorkers  = 256
-	connRateWorkers = 16  // closed-loop dialers of the connection-rate phase
-	idleDialers     = 64  // parallel dials when opening idle connections
-	idleProbe       = 100 // idle connections opened first to measure descriptors per connection
-	rssSampleEvery  = 100 * time.Millisecond
+	connRateWorkers = 16          // closed-loop dialers of the connection-rate phase
+	idleDialers     = 64          // parallel dials when opening idle connections
+	idleProbe       = 100         // idle connections opened first to measure descriptors per connection
+	rssSampleEvery  = time.Second // median and anonymous peak only: see withCost
 	warmUp          = time.Second // 1000 rps on reused connections after each restart
 	// idleSettle: wait after a GC before reading RSS, so freed stacks and
 	// the GC's own work have settled.

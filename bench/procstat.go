@@ -132,22 +132,42 @@ func parseStatusKB(status, key string) (int64, error) {
 
 // processRSS is the process's resident set (VmRSS) in bytes.
 func processRSS(pid int) (int64, error) {
-	rss, _, err := processRSSAnon(pid)
-	return rss, err
+	f, err := readRSS(pid)
+	return f.rss, err
 }
 
-// processRSSAnon is the process's resident set (VmRSS) and its anonymous
-// part (RssAnon) in bytes.
-func processRSSAnon(pid int) (rss, anon int64, err error) {
+// rssFigures is one read of a process's memory counters, in bytes: the
+// resident set (VmRSS), its anonymous part (RssAnon) and the kernel's
+// high-water mark of the resident set (VmHWM; see resetPeakRSS).
+type rssFigures struct{ rss, anon, hwm int64 }
+
+// readRSS reads the process's rssFigures from /proc/<pid>/status.
+func readRSS(pid int) (rssFigures, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, fmt.Errorf("bench: rss of %d: %w", pid, err)
+		return rssFigures{}, fmt.Errorf("bench: rss of %d: %w", pid, err)
 	}
-	if rss, err = parseStatusKB(string(b), "VmRSS"); err != nil {
-		return 0, 0, err
+	var f rssFigures
+	for _, kv := range []struct {
+		key string
+		v   *int64
+	}{{"VmRSS", &f.rss}, {"RssAnon", &f.anon}, {"VmHWM", &f.hwm}} {
+		if *kv.v, err = parseStatusKB(string(b), kv.key); err != nil {
+			return rssFigures{}, err
+		}
 	}
-	anon, err = parseStatusKB(string(b), "RssAnon")
-	return rss, anon, err
+	return f, nil
+}
+
+// resetPeakRSS sets the process's VmHWM to its current VmRSS (writing 5 to
+// /proc/<pid>/clear_refs, Linux ≥ 4.0; it touches no page bits), so VmHWM
+// read later is the peak since this call: every peak, with no sampling
+// thread waking up beside the load it measures.
+func resetPeakRSS(pid int) error {
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		return fmt.Errorf("bench: reset peak rss of %d: %w", pid, err)
+	}
+	return nil
 }
 
 // openFDs counts the process's open file descriptors.

@@ -142,7 +142,7 @@ func targets(rs []ScenarioResult) []Target {
 			t.Met = t.Value <= t.Goal
 		}
 		if t.Name == targetRSS && okX && x.RSSMedianMB > 0 {
-			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; peak of 100 ms samples; median %.1f MiB, anonymous peak %.1f MiB", x.RSSMedianMB, x.RSSAnonMB), "; ")
+			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; peak: VmHWM over the phase; median of 1 s samples %.1f MiB, their anonymous peak %.1f MiB", x.RSSMedianMB, x.RSSAnonMB), "; ")
 		}
 		if t.Name == targetHOL && okX && okD && holSlowRatio(d) > 0 {
 			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)",

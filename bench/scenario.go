@@ -66,9 +66,10 @@ type ZtunnelCost struct {
 	// CPUVCPU is CPU seconds per second (= per 1000 requests) during the
 	// 1000 rps reused-connection phase.
 	CPUVCPU float64 `json:"cpu_vcpu_per_1000rps"`
-	// RSSMB is the peak VmRSS during that phase, MiB (the target's
-	// figure). RSSMedianMB is the median of the same samples and
-	// RSSAnonMB the peak of their anonymous part (RssAnon): the peak also
+	// RSSMB is the peak VmRSS during that phase (VmHWM after a reset at
+	// its start), MiB: the target's figure. RSSMedianMB is the median of
+	// VmRSS sampled each second and RSSAnonMB the peak of the samples'
+	// anonymous part (RssAnon): the peak also
 	// holds the executable's clean file pages that a burst of connection
 	// set-ups and teardowns maps (each page fault on the binary maps up to
 	// 16 neighbouring pages) until ztunnel's next text trim.

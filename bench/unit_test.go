@@ -183,6 +183,41 @@ func TestParseStatusKB(t *testing.T) {
 	}
 }
 
+// TestResetPeakRSS: after a 32 MiB spike is gone, VmHWM still holds it
+// until resetPeakRSS, and then no longer (the peak figure of a phase must
+// not carry an earlier phase's).
+func TestResetPeakRSS(t *testing.T) {
+	const spike = 32 << 20
+	pid := os.Getpid()
+	m, err := unix.Mmap(-1, 0, spike, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(m); i += 4096 {
+		m[i] = 1
+	}
+	if err := unix.Munmap(m); err != nil {
+		t.Fatal(err)
+	}
+	f, err := readRSS(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.hwm < f.rss+spike/2 || f.anon <= 0 || f.anon > f.rss {
+		t.Fatalf("before reset: %+v, want VmHWM ≥ VmRSS + 16 MiB and 0 < RssAnon ≤ VmRSS", f)
+	}
+	if err := resetPeakRSS(pid); err != nil {
+		t.Fatal(err)
+	}
+	g, err := readRSS(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.hwm >= f.hwm-spike/2 {
+		t.Fatalf("after reset VmHWM %d, before %d: want the 32 MiB spike gone", g.hwm, f.hwm)
+	}
+}
+
 func TestSumMetric(t *testing.T) {
 	text := []byte(`# HELP istio_tcp_connections_opened_total x
 istio_tcp_connections_opened_total{reporter="source",a="}"} 3

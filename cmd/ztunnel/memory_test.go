@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -221,25 +220,5 @@ func TestTrimmableRegions(t *testing.T) {
 	pc := reflect.ValueOf(TestTrimmableRegions).Pointer()
 	if !slices.ContainsFunc(got, func(r region) bool { return r.start <= pc && pc < r.end }) {
 		t.Errorf("regions %x do not hold this test's code at %#x", got, pc)
-	}
-}
-
-func TestSetWorkerThreads(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
-	log := slog.New(slog.DiscardHandler)
-	if got := setWorkerThreads(nil, 3, log); got != 3 || runtime.GOMAXPROCS(0) != 3 {
-		t.Errorf("configured 3: got %d, GOMAXPROCS %d", got, runtime.GOMAXPROCS(0))
-	}
-	runtime.GOMAXPROCS(8)
-	if got := setWorkerThreads(nil, 0, log); got != defaultWorkerThreads {
-		t.Errorf("default on 8 Ps: got %d, want %d", got, defaultWorkerThreads)
-	}
-	runtime.GOMAXPROCS(1)
-	if got := setWorkerThreads(nil, 0, log); got != 1 {
-		t.Errorf("default under a 1-CPU runtime: got %d, want 1 (never above the runtime's choice)", got)
-	}
-	runtime.GOMAXPROCS(5)
-	if got := setWorkerThreads([]string{"GOMAXPROCS=5"}, 3, log); got != 5 {
-		t.Errorf("explicit GOMAXPROCS: got %d, want it kept (5)", got)
 	}
 }

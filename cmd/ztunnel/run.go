@@ -66,7 +66,9 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 		return err
 	}
 	setMemoryLimit(environ, a.log)
-	setWorkerThreads(environ, cfg.WorkerThreads, a.log)
+	if n, scaled := setWorkerThreads(environ, cfg.WorkerThreads, a.log); scaled {
+		go newProcScaler(n, a.log).run(a.runCtx)
+	}
 	// Start-up is done: drop the code pages only it needed (memory.go).
 	a.trimmer.trim()
 	<-a.quit(ctx)

@@ -10,10 +10,10 @@
 // PROXY_WORKLOAD_INFO, INPOD_UDS, INPOD_PORT_REUSE, ENABLE_ORIG_SRC, PACKET_MARK, NODE_NAME,
 // CLUSTER_ID (or ISTIO_META_CLUSTER_ID), CLUSTER_DOMAIN, NETWORK,
 // POOL_MAX_STREAMS_PER_CONNECTION, POOL_UNUSED_RELEASE_TIMEOUT,
-// ZTUNNEL_WORKER_THREADS and ZTUNNEL_CPU_LIMIT (threads running the proxy:
-// GOMAXPROCS; default 2 as upstream, never more than the runtime's own
-// default, which follows the container's CPU limit; an explicit GOMAXPROCS
-// wins), HTTP2_STREAM_WINDOW_SIZE, HTTP2_CONNECTION_WINDOW_SIZE, HTTP2_FRAME_SIZE,
+// ZTUNNEL_WORKER_THREADS and ZTUNNEL_CPU_LIMIT (threads running the proxy
+// at most: GOMAXPROCS; default 2 as upstream, never more than the runtime's
+// own default, which follows the container's CPU limit; fewer while the
+// proxy's CPU use fits in fewer; an explicit GOMAXPROCS wins and is kept), HTTP2_STREAM_WINDOW_SIZE, HTTP2_CONNECTION_WINDOW_SIZE, HTTP2_FRAME_SIZE,
 // SECRET_TTL, TERMINATION_GRACE_PERIOD_SECONDS,
 // CONNECTION_TERMINATION_DEADLINE, INSTANCE_IP, POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT,
 // TRUST_DOMAIN, ISTIO_META_* (ISTIO_META_DNS_CAPTURE: DNS proxy on unless

@@ -173,7 +173,7 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 		ms := make([]mem, len(nodes))
 		for i, ni := range nodes {
 			n := r.node(ni)
-			rss, err := processRSS(n.Pid())
+			st, err := readRSS(n.Pid())
 			if err != nil {
 				return nil, err
 			}
@@ -185,7 +185,7 @@ func (r *runner) idle(ctx context.Context, d string, p *path, nodes []int, costs
 			if err != nil {
 				return nil, err
 			}
-			ms[i] = mem{rss, m.heapInuse + m.stack, m.goMem, fds}
+			ms[i] = mem{st.rss, m.heapInuse + m.stack, m.goMem, fds}
 		}
 		return ms, nil
 	}

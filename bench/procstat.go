@@ -130,12 +130,6 @@ func parseStatusKB(status, key string) (int64, error) {
 	return 0, fmt.Errorf("bench: /proc status: no %s line", key)
 }
 
-// processRSS is the process's resident set (VmRSS) in bytes.
-func processRSS(pid int) (int64, error) {
-	f, err := readRSS(pid)
-	return f.rss, err
-}
-
 // rssFigures is one read of a process's memory counters, in bytes: the
 // resident set (VmRSS), its anonymous part (RssAnon) and the kernel's
 // high-water mark of the resident set (VmHWM; see resetPeakRSS).

@@ -43,8 +43,8 @@ func setWorkerThreads(environ []string, configured int, log *slog.Logger) (int, 
 // runnable (a socket became readable), and at a light load it finds none;
 // on one P the data path stays on one thread (perf record -a of the 1000
 // rps phase: each ztunnel's samples fell on a single thread; context
-// switches per request moved only from 2.12 to 2.06). Measured on the 2-vCPU VM,
-// eight alternating pairs of bench -quick -scenarios hbone-cross-node
+// switches per request moved only from 2.12 to 2.06). Measured on the
+// 2-vCPU VM, eight alternating pairs of bench -quick -scenarios hbone-cross-node
 // against the fixed two Ps: CPU per ztunnel at 1000 rps 0.035–0.048
 // (median 0.044) against 0.044–0.072 (0.049) vCPU, lower in seven pairs;
 // added p99 +73 to +147 µs against +140 to +763, lower in all eight;

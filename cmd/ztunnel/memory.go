@@ -84,7 +84,7 @@ type textTrimmer struct {
 
 func newTextTrimmer(log *slog.Logger) *textTrimmer {
 	t := &textTrimmer{started: time.Now(), regions: trimmableRegions(log)}
-	if n := splitMappings(t.regions); n > 0 {
+	if n := splitMappings(t.regions, maxMapCount()/splitShareOfMaps); n > 0 {
 		log.Debug("text mappings split against fault-around", "pieces", n, "bytes_each", splitBytes)
 	}
 	t.mu.Lock()
@@ -245,13 +245,40 @@ func trimRegions(regions []region) int64 {
 // binary's read-only segments (~0.25 MiB), where 1 page made 5 000.
 const splitBytes = 4 << 12
 
+// splitShareOfMaps: the split may use at most this fraction of the
+// process's mapping limit (vm.max_map_count, 65 530 by default), because
+// the Go runtime needs new mappings as the heap grows and fails hard when
+// the kernel refuses one.
+const splitShareOfMaps = 8
+
+// maxMapCount is vm.max_map_count, or 0 when it cannot be read (no split).
+func maxMapCount() int {
+	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 // splitMappings cuts each region into splitBytes pieces and returns how
-// many pieces it made. Neighbouring VMAs of one file merge back unless
-// their flags differ, so every other piece gets MADV_DONTDUMP: the only
-// effect of that flag is to leave the piece out of a core dump, which
-// leaves out an unmodified file-backed mapping anyway (coredump_filter's
-// default). The trimmer's madvise calls span pieces and keep them apart.
-func splitMappings(regions []region) int {
+// many pieces it made: none when that would be more than maxPieces.
+// Neighbouring VMAs of one file merge back unless their flags differ, so
+// every other piece gets MADV_DONTDUMP: the only effect of that flag is to
+// leave the piece out of a core dump, which leaves out an unmodified
+// file-backed mapping anyway (coredump_filter's default). The trimmer's
+// madvise calls span pieces and keep them apart.
+func splitMappings(regions []region, maxPieces int) int {
+	total := 0
+	for _, r := range regions {
+		total += int((r.end - r.start + splitBytes - 1) / splitBytes)
+	}
+	if total > maxPieces {
+		return 0
+	}
 	pieces := 0
 	for _, r := range regions {
 		for a, i := r.start, 0; a < r.end; a, i = a+splitBytes, i+1 {

@@ -47,6 +47,23 @@ func TestIdleRSSBudget(t *testing.T) {
 	if st["VmRSS"] > idleRSSBudget {
 		t.Errorf("idle RSS %d KiB exceeds the budget of %d KiB", st["VmRSS"]>>10, idleRSSBudget>>10)
 	}
+	// The image's static binary is fixed-address, so its read-only
+	// segments are split: one mapping per splitBytes of them.
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	regions, err := readOnlyMappings(maps, binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var size uintptr
+	for _, r := range regions {
+		size += r.end - r.start
+	}
+	if want := int(size / splitBytes); len(regions) < want || want < 100 {
+		t.Errorf("the executable's read-only data (%d bytes) is %d mappings, want %d (one per %d bytes)", size, len(regions), want, splitBytes)
+	}
 }
 
 // procStatus reads the kB fields of /proc/<pid>/status, in bytes.
@@ -193,7 +210,14 @@ func TestSplitMappings(t *testing.T) {
 	const size = 64 << 12
 	m, want := mapTestFile(t, size)
 	start := uintptr(unsafe.Pointer(&m[0]))
-	if got := splitMappings([]region{{start, start + size}}); got != size/splitBytes {
+	r := []region{{start, start + size}}
+	if got := splitMappings(r, size/splitBytes-1); got != 0 {
+		t.Fatalf("splitMappings with room for one piece fewer than needed made %d pieces, want 0", got)
+	}
+	if _, vmas := rangeRSS(t, start, start+size); vmas != 1 {
+		t.Fatalf("after a refused split /proc/self/smaps shows %d mappings over the range, want 1", vmas)
+	}
+	if got := splitMappings(r, size/splitBytes); got != size/splitBytes {
 		t.Fatalf("splitMappings made %d pieces, want %d", got, size/splitBytes)
 	}
 	if _, vmas := rangeRSS(t, start, start+size); vmas != size/splitBytes {

@@ -46,9 +46,9 @@ import (
 // table by package): the bench's burst of 16 new connections took the
 // file-backed RSS from ~3 to ~8 MiB in 64 KiB windows, to ~2 MiB when no
 // fault could map more than its own page, and RSS holds it until the next
-// trim (bench/README.md, "Peak RSS"). splitMappings cuts the read-only segments
-// into splitBytes pieces the kernel keeps apart, so a fault maps at most
-// splitBytes.
+// trim (bench/README.md, "Peak RSS"). splitMappings cuts the read-only
+// segments into splitBytes pieces the kernel keeps apart, so a fault maps
+// at most splitBytes.
 
 // Trimming runs once start-up is done, right after each metrics scrape,
 // shortly after other cold paths that touch many pages (a config dump, a

@@ -191,7 +191,7 @@ func TestTrimRegions(t *testing.T) {
 	if rss, _ := rangeRSS(t, start, start+size); rss < size {
 		t.Fatalf("after touching every page: mapping RSS %d, want %d", rss, size)
 	}
-	if got := trimRegions([]region{{start, start + size}}); got != size {
+	if got := trimRegions([]region{{start, start + size}}, openPagemap(t)); got != size {
 		t.Errorf("trimRegions covered %d bytes, want %d", got, size)
 	}
 	if rss, _ := rangeRSS(t, start, start+size); rss != 0 {
@@ -200,6 +200,73 @@ func TestTrimRegions(t *testing.T) {
 	if !bytes.Equal(m, want) {
 		t.Error("the pages read back after the trim differ from the file")
 	}
+}
+
+// TestTrimKeepsBreakpoints writes into two pages of a private file
+// mapping, as a debugger or a uprobe writes a breakpoint into code, and
+// checks that a trim keeps those two pages (their bytes and their RSS)
+// while it drops the rest; without the pagemap check the same trim puts
+// the file's bytes back, which is what it guards against.
+func TestTrimKeepsBreakpoints(t *testing.T) {
+	const size, page = 64 << 12, 1 << 12
+	for _, check := range []bool{true, false} {
+		m, want := mapTestFile(t, size)
+		start := uintptr(unsafe.Pointer(&m[0]))
+		if err := unix.Mprotect(m, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			t.Fatal(err)
+		}
+		bp := []int{3*page + 17, 40 * page}
+		for _, off := range bp {
+			m[off] = 0xcc // int3
+		}
+		if err := unix.Mprotect(m, unix.PROT_READ); err != nil {
+			t.Fatal(err)
+		}
+		sum := 0
+		for i := 0; i < size; i += page {
+			sum += int(m[i])
+		}
+		if rss, _ := rangeRSS(t, start, start+size); rss != size || sum == 0 {
+			t.Fatalf("after reading every page: RSS %d (sum %d), want %d", rss, sum, size)
+		}
+		var pm *os.File
+		if check {
+			pm = openPagemap(t)
+		}
+		got := trimRegions([]region{{start, start + size}}, pm)
+		rss, _ := rangeRSS(t, start, start+size)
+		kept := 0
+		for _, off := range bp {
+			if m[off] == 0xcc {
+				kept++
+			}
+		}
+		if !check {
+			// The kernel's behaviour the check exists for.
+			if got != size || kept != 0 {
+				t.Errorf("without the check: dropped %d bytes and %d of 2 breakpoints survived, want %d and 0", got, kept, size)
+			}
+			continue
+		}
+		if got != size-2*page || rss != 2*page || kept != 2 {
+			t.Errorf("dropped %d bytes, RSS after %d, %d of 2 breakpoints kept; want %d, %d, 2", got, rss, kept, size-2*page, 2*page)
+		}
+		for i := range m {
+			if i != bp[0] && i != bp[1] && m[i] != want[i] {
+				t.Fatalf("byte %d reads %#x after the trim, the file has %#x", i, m[i], want[i])
+			}
+		}
+	}
+}
+
+func openPagemap(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
 
 // TestSplitMappings checks that a split mapping is splitBytes pieces the
@@ -240,7 +307,7 @@ func TestSplitMappings(t *testing.T) {
 	if rss, _ := rangeRSS(t, start, start+size); rss != size {
 		t.Fatalf("after reading every page: RSS %d, want %d", rss, size)
 	}
-	if got := trimRegions([]region{{start, start + size}}); got != size {
+	if got := trimRegions([]region{{start, start + size}}, openPagemap(t)); got != size {
 		t.Errorf("trimRegions over the pieces covered %d bytes, want %d", got, size)
 	}
 	if rss, vmas := rangeRSS(t, start, start+size); rss != 0 || vmas != size/splitBytes {

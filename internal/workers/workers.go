@@ -42,8 +42,7 @@ type Pool struct {
 	max  int32
 	idle time.Duration
 
-	kept    atomic.Int32 // goroutines that wait for a next job after theirs
-	waiting atomic.Int32 // of those, how many wait now (for tests)
+	kept atomic.Int32 // goroutines that wait for a next job after theirs
 }
 
 // New returns a Pool whose kept goroutines end when ctx is done (a job
@@ -77,7 +76,6 @@ func (p *Pool) run(f func()) {
 	t := time.NewTimer(p.idle)
 	defer t.Stop()
 	for {
-		p.waiting.Add(1)
 		var got bool
 		select {
 		case f = <-p.jobs:
@@ -85,7 +83,6 @@ func (p *Pool) run(f func()) {
 		case <-t.C:
 		case <-p.done:
 		}
-		p.waiting.Add(-1)
 		if !got {
 			return
 		}

@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,7 +33,7 @@ func TestPoolReusesGoroutines(t *testing.T) {
 	ids := map[uint64]bool{}
 	for range 20 {
 		ch := make(chan uint64)
-		waitFor(t, "a waiting goroutine", func() bool { return len(ids) == 0 || p.waiting.Load() == 1 })
+		waitFor(t, "a waiting goroutine", func() bool { return len(ids) == 0 || parked() == 1 })
 		p.Go(func() { ch <- goid() })
 		ids[<-ch] = true
 	}
@@ -66,6 +67,25 @@ func TestPoolKeepsAtMostMax(t *testing.T) {
 	p.Go(func() { close(ran) })
 	<-ran
 	waitFor(t, "the late job's goroutine to end", func() bool { return p.kept.Load() == 0 })
+}
+
+// parked counts kept goroutines blocked in Pool.run's select, read from a
+// dump of every goroutine. A goroutine shown blocked there has queued on
+// the jobs channel, so Go's send finds it; a counter bumped just before the
+// select did not say that, and under load a job sent in between went to a
+// new goroutine, which then stayed kept too (CI, 2026-12-06).
+func parked() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, rest, _ := strings.Cut(g, "\n")
+		top, _, _ := strings.Cut(rest, "\n")
+		if strings.Contains(header, "[select") && strings.Contains(top, "workers.(*Pool).run(") {
+			n++
+		}
+	}
+	return n
 }
 
 // goid reads the running goroutine's id from its stack header.

@@ -71,9 +71,9 @@ func TestPoolKeepsAtMostMax(t *testing.T) {
 
 // parked counts kept goroutines blocked in Pool.run's select, read from a
 // dump of every goroutine. A goroutine shown blocked there has queued on
-// the jobs channel, so Go's send finds it; a counter bumped just before the
-// select did not say that, and under load a job sent in between went to a
-// new goroutine, which then stayed kept too (CI, 2026-12-06).
+// the jobs channel, so Pool.Go's send finds it; a counter bumped just
+// before the select did not say that, and under load a job sent in between
+// went to a new goroutine, which then stayed kept too (CI, 2026-12-06).
 func parked() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]

@@ -79,9 +79,11 @@ type textTrimmer struct {
 	// 16 pages of code and data straight back).
 	regions []region
 	// pagemap is /proc/self/pagemap, kept open (nil: unreadable, trims
-	// drop every page). trimMu makes trims take turns over it.
+	// drop every page). trimMu makes trims take turns over it and guards
+	// closed, set by stop.
 	pagemap *os.File
 	trimMu  sync.Mutex
+	closed  bool
 
 	mu      sync.Mutex
 	soonT   *time.Timer // guarded by mu: pending trimDelay trim
@@ -137,7 +139,9 @@ func (t *textTrimmer) periodic() {
 func (t *textTrimmer) trim() {
 	t.trimMu.Lock()
 	defer t.trimMu.Unlock()
-	trimRegions(t.regions, t.pagemap)
+	if !t.closed {
+		trimRegions(t.regions, t.pagemap)
+	}
 }
 
 func (t *textTrimmer) stop() {
@@ -148,6 +152,14 @@ func (t *textTrimmer) stop() {
 	if t.soonT != nil {
 		t.soonT.Stop()
 	}
+	// A trim whose timer already fired may still be on its way: it finds
+	// the trimmer closed and does nothing.
+	t.trimMu.Lock()
+	t.closed = true
+	if t.pagemap != nil {
+		t.pagemap.Close()
+	}
+	t.trimMu.Unlock()
 }
 
 // trimmingListener asks for a trim after each accepted connection: for

@@ -369,3 +369,37 @@ func TestTrimmableRegions(t *testing.T) {
 		t.Errorf("regions %x do not hold this test's code at %#x", got, pc)
 	}
 }
+
+// TestTextTrimmerStop checks that a trim after stop leaves the pages
+// mapped (a timer may fire while stop runs) and, as the control, that the
+// same trimmer's trim dropped them before stop.
+func TestTextTrimmerStop(t *testing.T) {
+	const size = 16 << 12
+	m, _ := mapTestFile(t, size)
+	start := uintptr(unsafe.Pointer(&m[0]))
+	pm, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &textTrimmer{regions: []region{{start, start + size}}, pagemap: pm, everyT: time.AfterFunc(time.Hour, func() {})}
+	touch := func() {
+		sum := 0
+		for i := 0; i < size; i += 4096 {
+			sum += int(m[i])
+		}
+		if rss, _ := rangeRSS(t, start, start+size); rss != size {
+			t.Fatalf("after reading every page (sum %d): RSS %d, want %d", sum, rss, size)
+		}
+	}
+	touch()
+	tr.trim()
+	if rss, _ := rangeRSS(t, start, start+size); rss != 0 {
+		t.Fatalf("a live trim left RSS %d, want 0", rss)
+	}
+	touch()
+	tr.stop()
+	tr.trim()
+	if rss, _ := rangeRSS(t, start, start+size); rss != size {
+		t.Errorf("a trim after stop left RSS %d, want %d (nothing dropped)", rss, size)
+	}
+}

@@ -181,15 +181,12 @@ func TestTrimRegions(t *testing.T) {
 	const size = 64 << 12
 	m, want := mapTestFile(t, size)
 	start := uintptr(unsafe.Pointer(&m[0]))
-	sum, wantSum := 0, 0
-	for i := 0; i < size; i += 4096 {
-		sum, wantSum = sum+int(m[i]), wantSum+int(want[i])
+	sum, wantSum := readEveryPage(t, m), 0
+	for i := 0; i < size; i += os.Getpagesize() {
+		wantSum += int(want[i])
 	}
 	if sum != wantSum {
 		t.Fatalf("mapping reads %d, the file %d", sum, wantSum)
-	}
-	if rss, _ := rangeRSS(t, start, start+size); rss < size {
-		t.Fatalf("after touching every page: mapping RSS %d, want %d", rss, size)
 	}
 	if got := trimRegions([]region{{start, start + size}}, openPagemap(t)); got != size {
 		t.Errorf("trimRegions covered %d bytes, want %d", got, size)
@@ -222,12 +219,8 @@ func TestTrimKeepsBreakpoints(t *testing.T) {
 		if err := unix.Mprotect(m, unix.PROT_READ); err != nil {
 			t.Fatal(err)
 		}
-		sum := 0
-		for i := 0; i < size; i += page {
-			sum += int(m[i])
-		}
-		if rss, _ := rangeRSS(t, start, start+size); rss != size || sum == 0 {
-			t.Fatalf("after reading every page: RSS %d (sum %d), want %d", rss, sum, size)
+		if sum := readEveryPage(t, m); sum == 0 {
+			t.Fatal("the mapping reads as zeros")
 		}
 		var pm *os.File
 		if check {
@@ -257,6 +250,21 @@ func TestTrimKeepsBreakpoints(t *testing.T) {
 			}
 		}
 	}
+}
+
+// readEveryPage reads one byte of each page of the mapping m, checks that
+// every page is then resident, and returns the sum of the bytes read.
+func readEveryPage(t *testing.T, m []byte) int {
+	t.Helper()
+	sum := 0
+	for i := 0; i < len(m); i += os.Getpagesize() {
+		sum += int(m[i])
+	}
+	start := uintptr(unsafe.Pointer(&m[0]))
+	if rss, _ := rangeRSS(t, start, start+uintptr(len(m))); rss != int64(len(m)) {
+		t.Fatalf("after reading every page (sum %d): RSS %d, want %d", sum, rss, len(m))
+	}
+	return sum
 }
 
 func openPagemap(t *testing.T) *os.File {
@@ -382,21 +390,12 @@ func TestTextTrimmerStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := &textTrimmer{regions: []region{{start, start + size}}, pagemap: pm, everyT: time.AfterFunc(time.Hour, func() {})}
-	touch := func() {
-		sum := 0
-		for i := 0; i < size; i += 4096 {
-			sum += int(m[i])
-		}
-		if rss, _ := rangeRSS(t, start, start+size); rss != size {
-			t.Fatalf("after reading every page (sum %d): RSS %d, want %d", sum, rss, size)
-		}
-	}
-	touch()
+	readEveryPage(t, m)
 	tr.trim()
 	if rss, _ := rangeRSS(t, start, start+size); rss != 0 {
 		t.Fatalf("a live trim left RSS %d, want 0", rss)
 	}
-	touch()
+	readEveryPage(t, m)
 	tr.stop()
 	tr.trim()
 	if rss, _ := rangeRSS(t, start, start+size); rss != size {

@@ -37,14 +37,15 @@ func leftovers(prefix string) []string {
 }
 
 // TestSmoke runs the real harness end to end, very short: it builds
-// ztunnel, builds the cluster, measures direct and hbone-cross-node with
-// every byte checked, writes results.json and results.svg, prints the
-// table and removes everything it made.
+// ztunnel, builds the cluster, measures direct, relay-pair and
+// hbone-cross-node with every byte checked, writes results.json and
+// results.svg, prints the table and removes everything it made (relay
+// processes included).
 func TestSmoke(t *testing.T) {
 	requireRootAndIptables(t)
 	defer goleak.VerifyNone(t)
 	out := t.TempDir()
-	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scCrossNode, "-idle-conns", "200", "-out", out})
+	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scRelayPair + "," + scCrossNode, "-idle-conns", "200", "-out", out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,27 +61,48 @@ func TestSmoke(t *testing.T) {
 	if left := leftovers("zbt"); len(left) > 0 {
 		t.Fatalf("namespaces left behind: %v", left)
 	}
-	if len(res.Scenarios) != 2 || res.Scenarios[0].Name != scDirect || res.Scenarios[1].Name != scCrossNode {
+	if left := relaysRunning(); len(left) > 0 {
+		t.Fatalf("relay processes left behind: %v", left)
+	}
+	if len(res.Scenarios) != 3 || res.Scenarios[0].Name != scDirect || res.Scenarios[1].Name != scRelayPair || res.Scenarios[2].Name != scCrossNode {
 		t.Fatalf("scenarios: %+v", res.Scenarios)
 	}
 	for _, s := range res.Scenarios {
 		if s.Throughput1 <= 0 || s.Throughput8 <= 0 || s.ConnPerS <= 0 || s.Latency.P50 <= 0 {
 			t.Errorf("%s: a figure is zero: %+v", s.Name, s)
 		}
-		if want := int(0.150 * defaultRate); s.Latency.Count != want || s.LatencyNewConn.Count != want || s.LatencyHOL.Count != want {
-			t.Errorf("%s: latency samples %d/%d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, s.LatencyHOL.Count, want)
+		want := int(0.150 * defaultRate)
+		if s.Latency.Count != want || s.LatencyNewConn.Count != want {
+			t.Errorf("%s: latency samples %d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, want)
+		}
+		if s.Relays {
+			if s.LatencyHOL.Count != 0 || s.LatencyHOLSlow.Count != 0 {
+				t.Errorf("relay-pair ran head-of-line phases: %d/%d samples", s.LatencyHOL.Count, s.LatencyHOLSlow.Count)
+			}
+		} else if s.LatencyHOL.Count != want {
+			t.Errorf("%s: head-of-line samples %d, want %d", s.Name, s.LatencyHOL.Count, want)
 		}
 		// Two seconds: 500 ms moving, a drain, 500 ms idle, 450 ms moving
 		// (after the 50 ms margin), a drain.
-		if on, off := s.LatencyHOLSlow.Count, s.LatencyHOLSlowIdle.Count; on < 400 || off < 200 || s.HOLSlowTurnP99 <= 0 || s.HOLSlowIdleTurnP99 <= 0 {
+		if on, off := s.LatencyHOLSlow.Count, s.LatencyHOLSlowIdle.Count; !s.Relays && (on < 400 || off < 200 || s.HOLSlowTurnP99 <= 0 || s.HOLSlowIdleTurnP99 <= 0) {
 			t.Errorf("%s: slow-reader phase: %d requests beside the moving stream, %d beside the idle one, turn p99s %v/%v; want ≥ 400 and ≥ 200 and both p99s",
 				s.Name, on, off, s.HOLSlowTurnP99, s.HOLSlowIdleTurnP99)
 		}
-		if s.IdleConns != 200 || s.Connections < 200 || s.BytesVerified <= 0 {
+		wantIdle := 200
+		if s.Relays {
+			wantIdle = 0 // relay-pair has no idle phase
+		}
+		if s.IdleConns != wantIdle || s.Connections < 200 || s.BytesVerified <= 0 {
 			t.Errorf("%s: idle %d, connections %d, verified bytes %d", s.Name, s.IdleConns, s.Connections, s.BytesVerified)
 		}
 	}
-	x := res.Scenarios[1]
+	if y := res.Scenarios[1]; !y.Relays || y.ZtunnelsOnPath || len(y.Ztunnels) != 2 || y.CPUVCPU <= 0 || y.CtxSwitchesPerReq <= 0 {
+		t.Errorf("relay-pair costs: %+v", y.Ztunnels)
+	}
+	if n := res.Targets[0].Note; !strings.Contains(n, "two bare relays") {
+		t.Errorf("throughput target's note lacks relay-pair's figure: %q", n)
+	}
+	x := res.Scenarios[2]
 	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 || x.CtxSwitchesPerReq <= 0 {
 		t.Errorf("hbone-cross-node costs: %+v", x.Ztunnels)
 	}
@@ -113,6 +135,19 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
 	}
+}
+
+// relaysRunning lists processes running as relay-pair's relays.
+func relaysRunning() []string {
+	var found []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte("\x00"+relaySubcommand+"\x00")) {
+			found = append(found, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return found
 }
 
 // TestFailsLoudly: a ztunnel that never becomes ready fails the run with

@@ -15,10 +15,12 @@
 //	node1: client (mesh), plain (not in the mesh), srv-local (mesh)
 //	node2: srv-remote (mesh), outside (not in the mesh)
 //
-// Scenarios: direct (plain → outside, no ztunnel on the path),
-// hbone-cross-node (client → srv-remote), hbone-same-node (client →
-// srv-local), tcp-passthrough (client → outside). Each ztunnel is restarted
-// before each scenario so CPU and memory figures start from a fresh process.
+// Scenarios: direct (plain → outside, no ztunnel on the path), relay-pair
+// (plain → outside through two bare relays in the ztunnels' places: the
+// yardstick, relay.go), hbone-cross-node (client → srv-remote),
+// hbone-same-node (client → srv-local), tcp-passthrough (client →
+// outside). Each ztunnel is restarted before each scenario so CPU and
+// memory figures start from a fresh process.
 //
 // Load generators and servers are this package's own Go code, dialing and
 // listening inside the pod namespaces; latency is measured open-loop from

@@ -35,6 +35,9 @@ const (
 type path struct {
 	client *nstest.Pod
 	server netip.Addr
+	// portShift is added to every server port dialled: relay-pair's
+	// relays listen on shifted ports (relayPortShift).
+	portShift int
 
 	// jitter: open loops on this path send at jittered points of their
 	// slots (see slots); set for the profile loads only.
@@ -46,7 +49,9 @@ type path struct {
 
 func (p *path) addr(port int) string { return p.addrPort(port).String() }
 
-func (p *path) addrPort(port int) netip.AddrPort { return netip.AddrPortFrom(p.server, uint16(port)) }
+func (p *path) addrPort(port int) netip.AddrPort {
+	return netip.AddrPortFrom(p.server, uint16(port+p.portShift))
+}
 
 // dial connects from the client pod (any goroutine).
 func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {

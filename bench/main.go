@@ -80,6 +80,13 @@ type config struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == relaySubcommand {
+		if err := relayMain(os.Args[2:], os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
@@ -279,7 +286,7 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		}
 		sr.Ztunnel = ourLabel
 		res.Scenarios = append(res.Scenarios, sr)
-		if peer != nil && name != scDirect { // direct has no ztunnel: the run's one serves both
+		if peer != nil && name != scDirect && !d.relays { // no ztunnel on these paths: the run's ones serve both
 			ps, err := peer.run(ctx, d)
 			if err != nil {
 				return nil, err
@@ -312,6 +319,9 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		all := append([]ScenarioResult{d}, res.PeerScenarios...)
 		flagImplausible(all)
 		copy(res.PeerScenarios, all[1:])
+		if y, ok := byName(res.Scenarios, scRelayPair); ok {
+			all = append(all, y) // the same yardstick for both
+		}
 		res.PeerTargets = targets(all)
 	}
 	markBusy(res.Targets, ml.Busy)

@@ -51,13 +51,13 @@ func (s procSnap) since(b procSnap) procDelta {
 // at 10 Hz its wake-ups showed in the latency it was measuring (requests
 // due in the 10 ms before each tick were 14–21 % of the slowest 10 %,
 // direct and through ztunnel alike).
-func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost, fn func() (openLoopResult, error)) (openLoopResult, error) {
+// pidOf gives the process measured for each node.
+func (r *runner) withCost(ctx context.Context, nodes []int, pidOf func(int) int, costs []ZtunnelCost, fn func() (openLoopResult, error)) (openLoopResult, error) {
 	pids := make([]int, len(nodes))
 	before := make([]procSnap, len(nodes))
 	hwm := make([]bool, len(nodes))
 	for i, ni := range nodes {
-		n := r.node(ni)
-		pids[i] = n.Pid()
+		pids[i] = pidOf(ni)
 		costs[i].OpenFilesLimit, _ = openFilesLimit(pids[i])
 		var err error
 		if before[i], err = readProcSnap(pids[i]); err != nil {
@@ -127,11 +127,11 @@ func (r *runner) withCost(ctx context.Context, nodes []int, costs []ZtunnelCost,
 
 // perConn runs fn, which returns how many connections it made, and sets
 // each node's CPU time and context switches per connection.
-func (r *runner) perConn(nodes []int, costs []ZtunnelCost, fn func() (int64, error)) error {
+func (r *runner) perConn(nodes []int, pidOf func(int) int, costs []ZtunnelCost, fn func() (int64, error)) error {
 	before := make([]procSnap, len(nodes))
 	for i, ni := range nodes {
 		var err error
-		if before[i], err = readProcSnap(r.node(ni).Pid()); err != nil {
+		if before[i], err = readProcSnap(pidOf(ni)); err != nil {
 			return err
 		}
 	}
@@ -140,7 +140,7 @@ func (r *runner) perConn(nodes []int, costs []ZtunnelCost, fn func() (int64, err
 		return err
 	}
 	for i, ni := range nodes {
-		after, err := readProcSnap(r.node(ni).Pid())
+		after, err := readProcSnap(pidOf(ni))
 		if err != nil {
 			return err
 		}

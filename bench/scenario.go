@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ const (
 	scCrossNode   = "hbone-cross-node"
 	scSameNode    = "hbone-same-node"
 	scPassthrough = "tcp-passthrough"
+	scRelayPair   = "relay-pair" // the yardstick: two bare relays (relay.go)
 )
 
 // scenarioDef says who talks to whom and which ztunnels must see it.
@@ -27,15 +29,19 @@ type scenarioDef struct {
 	client, server string // pod names (see topology.go)
 	// onPath are the nodes whose ztunnel carries the traffic: each must
 	// count at least every connection the harness made, and the others
-	// none. Empty for direct.
+	// none. Empty for direct and relay-pair.
 	onPath []int
+	// relays: two bare relays (relay.go) carry the traffic in the
+	// ztunnels' places; the cost figures are theirs.
+	relays bool
 }
 
 var scenarioDefs = []scenarioDef{
-	{scDirect, podPlain, podOutside, nil},
-	{scCrossNode, podClient, podRemote, []int{1, 2}},
-	{scSameNode, podClient, podLocal, []int{1}},
-	{scPassthrough, podClient, podOutside, []int{1}},
+	{name: scDirect, client: podPlain, server: podOutside},
+	{name: scRelayPair, client: podPlain, server: podOutside, relays: true},
+	{name: scCrossNode, client: podClient, server: podRemote, onPath: []int{1, 2}},
+	{name: scSameNode, client: podClient, server: podLocal, onPath: []int{1}},
+	{name: scPassthrough, client: podClient, server: podOutside, onPath: []int{1}},
 }
 
 func findScenario(name string) (scenarioDef, bool) {
@@ -48,7 +54,8 @@ func findScenario(name string) (scenarioDef, bool) {
 }
 
 // costNodes are the ztunnels whose CPU and memory a scenario reports: the
-// ones on its path, or (direct) every node, idle, as the floor.
+// ones on its path, or (direct) every node, idle, as the floor; for
+// relay-pair, the nodes whose places its relays take.
 func (d scenarioDef) costNodes(all int) []int {
 	if len(d.onPath) > 0 {
 		return d.onPath
@@ -150,15 +157,18 @@ type ScenarioResult struct {
 	// open-loop phase (selfcheck.go), and for direct the reasons its
 	// figures cannot be trusted (for the others: that their ratios rest on
 	// such a figure).
-	LoopLatency     Latency       `json:"loop_latency_us"`
-	LoopNewConn     Latency       `json:"loop_new_conn_us"`
-	Implausible     []string      `json:"implausible,omitempty"`
-	IdleConns       int           `json:"idle_conns"`
-	Connections     int64         `json:"connections_made"`
-	BytesVerified   int64         `json:"bytes_verified"`
-	Ztunnels        []ZtunnelCost `json:"ztunnels"`
-	ZtunnelsOnPath  bool          `json:"ztunnels_on_path"`
-	DurationSeconds float64       `json:"duration_s"`
+	LoopLatency    Latency       `json:"loop_latency_us"`
+	LoopNewConn    Latency       `json:"loop_new_conn_us"`
+	Implausible    []string      `json:"implausible,omitempty"`
+	IdleConns      int           `json:"idle_conns"`
+	Connections    int64         `json:"connections_made"`
+	BytesVerified  int64         `json:"bytes_verified"`
+	Ztunnels       []ZtunnelCost `json:"ztunnels"`
+	ZtunnelsOnPath bool          `json:"ztunnels_on_path"`
+	// Relays: the cost figures are relay-pair's two relays (relay.go), not
+	// ztunnels; it has no idle-connection figures.
+	Relays          bool    `json:"relays,omitempty"`
+	DurationSeconds float64 `json:"duration_s"`
 }
 
 // runner holds what every scenario shares.
@@ -199,13 +209,26 @@ func (r *runner) restartAll(ctx context.Context) error {
 // pool). Any failure is returned; the caller stops.
 func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, err error) {
 	started := time.Now()
-	res = ScenarioResult{Name: d.name, ZtunnelsOnPath: len(d.onPath) > 0, IdleConns: r.cfg.idleConns}
+	res = ScenarioResult{Name: d.name, ZtunnelsOnPath: len(d.onPath) > 0, Relays: d.relays, IdleConns: r.cfg.idleConns}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("scenario %s: %w", d.name, err)
 		}
 	}()
 	p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
+	// pidOf names the process whose costs stand for node ni's: its
+	// ztunnel, looked up at each use because every part restarts them.
+	pidOf := func(ni int) int { return r.node(ni).Pid() }
+	if d.relays {
+		rp, err := startRelayPair(ctx, r.mesh.Pods[d.client].Pod, r.mesh.Pods[d.server].Pod)
+		if err != nil {
+			return res, err
+		}
+		defer rp.stop()
+		p.server, p.portShift = netip.MustParseAddr("127.0.0.1"), relayPortShift
+		pidOf = rp.pid
+		res.IdleConns = 0
+	}
 	costNodes := d.costNodes(len(r.mesh.Nodes))
 	costs := make([]ZtunnelCost, len(costNodes))
 	for i, ni := range costNodes {
@@ -219,7 +242,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		if res.LoopLatency, err = p.baselineLoop(ctx, true); err != nil {
 			return fmt.Errorf("loop (reused connection): %w", err)
 		}
-		lat, err := r.withCost(ctx, costNodes, costs, func() (openLoopResult, error) {
+		lat, err := r.withCost(ctx, costNodes, pidOf, costs, func() (openLoopResult, error) {
 			return p.openLoop(ctx, r.cfg.rate, r.cfg.duration, true, latencyConns)
 		})
 		if err != nil {
@@ -238,32 +261,13 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerReq }, "%.2f"),
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerReq }, "%.2f"))
 
-		// Head-of-line runs before the new-connection phase: that one has
-		// up to 256 streams in flight, more than one pooled connection
-		// carries (100), and the extra connections would stay pooled, so
-		// the bulk stream and the requests would no longer be known to
-		// share the one connection this phase is about.
-		slowFor := 2 * r.cfg.duration // about half of it with the stream idle
-		if d.name == scDirect || d.name == scCrossNode {
-			slowFor = max(slowFor, r.cfg.holTargetPhase)
+		// relay-pair shares no connection between streams: nothing to
+		// block the requests but the CPU, which direct's figure shows.
+		if !d.relays {
+			if err := r.headOfLinePhases(ctx, p, d, &res); err != nil {
+				return err
+			}
 		}
-		slow, err := r.headOfLine(ctx, p, d, slowFor, slowSinkPort, r.servers[d.server].slow)
-		if err != nil {
-			return fmt.Errorf("head-of-line (a bulk stream with a slow reader): %w", err)
-		}
-		res.LatencyHOLSlow, res.LatencyHOLSlowIdle = slow.latency, slow.idle
-		res.HOLSlowTurnP99, res.HOLSlowIdleTurnP99 = slow.turnP99, slow.idleTurnP99
-		res.HOLSlowBulkGbps, res.HOLSlowHBONEConns = slow.bulkGbps, slow.hboneConn
-		r.progress("[%s] 1 KiB requests beside a bulk stream with a slow reader (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs, a half-second turn's median p99 %.0fµs; in the turns between, the stream idle: p50 %.0fµs p99 %.0fµs, median p99 %.0fµs (%.2f×)",
-			d.name, slow.bulkGbps, slow.hboneConn, slow.latency.P50, slow.latency.P99, slow.turnP99,
-			slow.idle.P50, slow.idle.P99, slow.idleTurnP99, safeRatio(slow.turnP99, slow.idleTurnP99))
-		full, err := r.headOfLine(ctx, p, d, r.cfg.duration, sinkPort, nil)
-		if err != nil {
-			return fmt.Errorf("head-of-line (a full-rate bulk stream): %w", err)
-		}
-		res.LatencyHOL, res.HOLBulkGbps, res.HOLHBONEConns = full.latency, full.bulkGbps, full.hboneConn
-		r.progress("[%s] 1 KiB requests beside a full-rate bulk stream (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs (%.2f × the unloaded p99)",
-			d.name, full.bulkGbps, full.hboneConn, full.latency.P50, full.latency.P99, safeRatio(full.latency.P99, res.Latency.P99))
 
 		if res.LoopNewConn, err = p.baselineLoop(ctx, false); err != nil {
 			return fmt.Errorf("loop (new connections): %w", err)
@@ -288,7 +292,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			}
 		}
 
-		err = r.perConn(costNodes, costs, func() (int64, error) {
+		err = r.perConn(costNodes, pidOf, costs, func() (int64, error) {
 			before := p.dials.Load()
 			var err error
 			res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration)
@@ -314,7 +318,12 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	if err != nil {
 		return res, err
 	}
+	// The relays' memory per idle connection would be that of Go's
+	// goroutines and their buffers, nothing the targets compare with.
 	err = r.fresh(ctx, d, p, counted, func() error {
+		if d.relays {
+			return nil
+		}
 		var err error
 		if res.IdleConns, err = r.idle(ctx, d.name, p, costNodes, costs); err != nil {
 			return fmt.Errorf("idle connections: %w", err)
@@ -346,6 +355,38 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	res.HOLSlowRatioP50 = safeRatio(res.LatencyHOLSlow.P50, res.LatencyHOLSlowIdle.P50)
 	res.DurationSeconds = time.Since(started).Seconds()
 	return res, nil
+}
+
+// headOfLinePhases measures 1 KiB requests beside a bulk stream with a
+// slow reader, then beside one at full rate, into res.
+func (r *runner) headOfLinePhases(ctx context.Context, p *path, d scenarioDef, res *ScenarioResult) error {
+	// Head-of-line runs before the new-connection phase: that one has
+	// up to 256 streams in flight, more than one pooled connection
+	// carries (100), and the extra connections would stay pooled, so
+	// the bulk stream and the requests would no longer be known to
+	// share the one connection this phase is about.
+	slowFor := 2 * r.cfg.duration // about half of it with the stream idle
+	if d.name == scDirect || d.name == scCrossNode {
+		slowFor = max(slowFor, r.cfg.holTargetPhase)
+	}
+	slow, err := r.headOfLine(ctx, p, d, slowFor, slowSinkPort, r.servers[d.server].slow)
+	if err != nil {
+		return fmt.Errorf("head-of-line (a bulk stream with a slow reader): %w", err)
+	}
+	res.LatencyHOLSlow, res.LatencyHOLSlowIdle = slow.latency, slow.idle
+	res.HOLSlowTurnP99, res.HOLSlowIdleTurnP99 = slow.turnP99, slow.idleTurnP99
+	res.HOLSlowBulkGbps, res.HOLSlowHBONEConns = slow.bulkGbps, slow.hboneConn
+	r.progress("[%s] 1 KiB requests beside a bulk stream with a slow reader (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs, a half-second turn's median p99 %.0fµs; in the turns between, the stream idle: p50 %.0fµs p99 %.0fµs, median p99 %.0fµs (%.2f×)",
+		d.name, slow.bulkGbps, slow.hboneConn, slow.latency.P50, slow.latency.P99, slow.turnP99,
+		slow.idle.P50, slow.idle.P99, slow.idleTurnP99, safeRatio(slow.turnP99, slow.idleTurnP99))
+	full, err := r.headOfLine(ctx, p, d, r.cfg.duration, sinkPort, nil)
+	if err != nil {
+		return fmt.Errorf("head-of-line (a full-rate bulk stream): %w", err)
+	}
+	res.LatencyHOL, res.HOLBulkGbps, res.HOLHBONEConns = full.latency, full.bulkGbps, full.hboneConn
+	r.progress("[%s] 1 KiB requests beside a full-rate bulk stream (%.2f Gbit/s; %d HBONE connections): p50 %.0fµs p99 %.0fµs (%.2f × the unloaded p99)",
+		d.name, full.bulkGbps, full.hboneConn, full.latency.P50, full.latency.P99, safeRatio(full.latency.P99, res.Latency.P99))
+	return nil
 }
 
 // fresh restarts every ztunnel, warms the path up, runs fn and then checks

@@ -266,9 +266,9 @@ func TestParseFlags(t *testing.T) {
 		scenarios []string
 		wantErr   string
 	}{
-		{"defaults", nil, 5 * time.Second, defaultIdleConns, []string{scDirect, scCrossNode, scSameNode, scPassthrough}, ""},
-		{"quick", []string{"-quick"}, quickDuration, quickIdleConns, []string{scDirect, scCrossNode, scSameNode, scPassthrough}, ""},
-		{"quick keeps an explicit duration", []string{"-quick", "-duration", "3s"}, 3 * time.Second, quickIdleConns, []string{scDirect, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"defaults", nil, 5 * time.Second, defaultIdleConns, []string{scDirect, scRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"quick", []string{"-quick"}, quickDuration, quickIdleConns, []string{scDirect, scRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"quick keeps an explicit duration", []string{"-quick", "-duration", "3s"}, 3 * time.Second, quickIdleConns, []string{scDirect, scRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
 		{"direct is always first", []string{"-scenarios", "tcp-passthrough, direct"}, 5 * time.Second, defaultIdleConns, []string{scDirect, scPassthrough}, ""},
 		{"unknown scenario", []string{"-scenarios", "hbone"}, 0, 0, nil, "unknown"},
 		{"repeated scenario", []string{"-scenarios", "hbone-same-node,hbone-same-node"}, 0, 0, nil, "twice"},
@@ -355,6 +355,49 @@ func TestTargets(t *testing.T) {
 				t.Fatalf("%d targets, %d met, %d noted, p50 step %v: %+v", len(ts), met, noted, ts[1].Value, ts)
 			}
 		})
+	}
+}
+
+// TestTargetsRelayPair: with relay-pair in the run, the five targets it
+// compares on carry its figure and whether it would meet the goal; the
+// memory and head-of-line targets do not, and the verdict on
+// hbone-cross-node itself is unchanged.
+func TestTargetsRelayPair(t *testing.T) {
+	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, HOLSlowTurnP99: 310, HOLSlowIdleTurnP99: 300}
+	x := ScenarioResult{Name: scCrossNode, Throughput1: 3, Latency: Latency{P50: 250, P99: 600}, HOLSlowTurnP99: 500, HOLSlowIdleTurnP99: 450,
+		CPUVCPU: 0.05, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 2000}
+	y := ScenarioResult{Name: scRelayPair, Relays: true, Throughput1: 6, Latency: Latency{P50: 180, P99: 350}, CPUVCPU: 0.04, RSSMB: 30, ConnPerS: 4000}
+	without := targets([]ScenarioResult{direct, x})
+	with := targets([]ScenarioResult{direct, y, x})
+	want := []string{
+		"two bare relays: 0.6, meets it",
+		"two bare relays: 80, meets it",
+		"two bare relays: 50, meets it",
+		"two bare relays: 0.04, would miss it too",
+		"",
+		"",
+		"two bare relays: 4000, would miss it too",
+		"",
+	}
+	for i, tg := range with {
+		if tg.Met != without[i].Met || tg.Value != without[i].Value {
+			t.Errorf("%s: relay-pair changed the verdict: %+v vs %+v", tg.Name, tg, without[i])
+		}
+		if want[i] == "" {
+			if tg.RelayPair != nil || strings.Contains(tg.Note, "bare relays") {
+				t.Errorf("%s: carries a relay-pair figure: %+v", tg.Name, tg)
+			}
+			continue
+		}
+		if tg.RelayPair == nil || !strings.Contains(tg.Note, want[i]) {
+			t.Errorf("%s: note %q, want it to contain %q", tg.Name, tg.Note, want[i])
+		}
+	}
+	// Without direct, the relative targets are not measured for either.
+	for _, tg := range targets([]ScenarioResult{y, x})[:3] {
+		if tg.RelayPair != nil {
+			t.Errorf("%s: relay-pair figure without direct: %+v", tg.Name, tg)
+		}
 	}
 }
 
@@ -634,6 +677,31 @@ func TestPeerRowsInTable(t *testing.T) {
 	for _, want := range []string{"hbone-cross-node [ztunnel]", "300 (3.00×)", "target [ztunnel]"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestRelayPairRowInTable: relay-pair's cost columns are its relays' (no
+// parentheses, which mark idle ztunnels), it has no idle-connection
+// figure, and the legend says what the row is.
+func TestRelayPairRowInTable(t *testing.T) {
+	d := ScenarioResult{Name: scDirect, Ztunnel: ourLabel, Latency: Latency{P50: 100}, CPUVCPU: 0.004}
+	y := ScenarioResult{Name: scRelayPair, Ztunnel: ourLabel, Relays: true, CPUVCPU: 0.0738, Latency: Latency{P50: 250}}
+	res := &Results{Scenarios: []ScenarioResult{d, y}}
+	var b strings.Builder
+	printTable(&b, res)
+	out := b.String()
+	for _, want := range []string{"relay-pair = the yardstick", "0.0738", "(0.0040)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "(0.0738)") {
+		t.Errorf("relay-pair's CPU printed as an idle ztunnel's:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "relay-pair ") && strings.Contains(line, "0.0738") && !strings.Contains(line, "–") {
+			t.Errorf("relay-pair row has an idle-connection figure: %q", line)
 		}
 	}
 }

@@ -56,7 +56,7 @@ const (
 	defaultIdleConns = 10000
 	quickIdleConns   = 2000
 	quickDuration    = time.Second
-	quickBudget      = 75 * time.Second
+	quickBudget      = 90 * time.Second
 )
 
 // config is the harness configuration after flags.

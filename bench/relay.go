@@ -36,10 +36,11 @@ import (
 // the same run, with 6.6 context switches per request (each blocking
 // system call through the runtime wakes its sysmon thread).
 //
-// Whatever the relay pair cannot reach in a run, no ztunnel pair can: a
-// target it misses is out of reach on that machine that day, and the gap
-// between it and hbone-cross-node is what TLS, HTTP/2 and the rest of
-// ztunnel cost.
+// A ztunnel pair does at least what the relay pair does, and mTLS, HTTP/2
+// and the mesh pods' redirect rules besides: a target the relay pair
+// misses in a run is out of reach for any ztunnel on that machine that
+// day (within the run's noise), and the gap between it and
+// hbone-cross-node is what those cost.
 
 // relaySubcommand, as the first argument, makes the bench binary (or the
 // test binary, see TestMain) a relay: relayMain.

@@ -111,14 +111,29 @@ func targets(rs []ScenarioResult) []Target {
 	x, okX := byName(rs, scCrossNode)
 	d, okD := byName(rs, scDirect)
 	y, okY := byName(rs, scRelayPair)
-	ts := []Target{
-		{Name: "hbone-cross-node throughput 1 stream / direct", Goal: 0.50, Op: ">=", Unit: "ratio"},
-		{Name: "hbone-cross-node added p50 latency, 1000 rps 1 KiB", Goal: 100, Op: "<=", Unit: "µs"},
-		{Name: "hbone-cross-node added p99 latency, 1000 rps 1 KiB", Goal: 200, Op: "<=", Unit: "µs"},
-		{Name: "hbone-cross-node CPU per ztunnel at 1000 rps", Goal: 0.03, Op: "<=", Unit: "vCPU"},
-		{Name: targetRSS, Goal: 12, Op: "<=", Unit: "MiB"},
-		{Name: "hbone-cross-node memory per idle proxied connection", Goal: 16 << 10, Op: "<=", Unit: "bytes"},
-		{Name: "hbone-cross-node new connections per second (warm pool)", Goal: 5000, Op: ">=", Unit: "conn/s"},
+	// Each goal reads its figure off a scenario. relative: it needs
+	// direct. yardstick: relay-pair's figure compares (not its memory,
+	// which holds Go relays' buffers, nor idle connections or head-of-line
+	// blocking, which it does not measure).
+	goals := []struct {
+		Target
+		read                func(ScenarioResult) float64
+		relative, yardstick bool
+	}{
+		{Target{Name: "hbone-cross-node throughput 1 stream / direct", Goal: 0.50, Op: ">=", Unit: "ratio"},
+			func(s ScenarioResult) float64 { return safeRatio(s.Throughput1, d.Throughput1) }, true, true},
+		{Target{Name: "hbone-cross-node added p50 latency, 1000 rps 1 KiB", Goal: 100, Op: "<=", Unit: "µs"},
+			func(s ScenarioResult) float64 { return s.Latency.P50 - d.Latency.P50 }, true, true},
+		{Target{Name: "hbone-cross-node added p99 latency, 1000 rps 1 KiB", Goal: 200, Op: "<=", Unit: "µs"},
+			func(s ScenarioResult) float64 { return s.Latency.P99 - d.Latency.P99 }, true, true},
+		{Target{Name: "hbone-cross-node CPU per ztunnel at 1000 rps", Goal: 0.03, Op: "<=", Unit: "vCPU"},
+			func(s ScenarioResult) float64 { return s.CPUVCPU }, false, true},
+		{Target{Name: targetRSS, Goal: 12, Op: "<=", Unit: "MiB"},
+			func(s ScenarioResult) float64 { return s.RSSMB }, false, false},
+		{Target{Name: "hbone-cross-node memory per idle proxied connection", Goal: 16 << 10, Op: "<=", Unit: "bytes"},
+			func(s ScenarioResult) float64 { return s.BytesPerIdleConn }, false, false},
+		{Target{Name: "hbone-cross-node new connections per second (warm pool)", Goal: 5000, Op: ">=", Unit: "conn/s"},
+			func(s ScenarioResult) float64 { return s.ConnPerS }, false, true},
 		// Head-of-line blocking (upstream ztunnel#1945): both p99s come from
 		// one phase of hbone-cross-node, so the ratio needs no direct. The
 		// bulk stream has a slow reader: it fills its windows and every
@@ -127,39 +142,16 @@ func targets(rs []ScenarioResult) []Target {
 		// bulk stream keeps both cores busy and direct's own p99 ratio is
 		// 2-50 with no shared connection at all: that figure measures CPU
 		// contention, so it goes in the note beside direct's.
-		{Name: targetHOL, Goal: 2, Op: "<=", Unit: "ratio"},
+		{Target{Name: targetHOL, Goal: 2, Op: "<=", Unit: "ratio"}, holSlowRatio, false, false},
 	}
-	// value reads target i off a scenario; ok is false where the relay
-	// pair's figure would not be comparable (its memory holds Go relays'
-	// buffers, it has no idle phase and no shared connection).
-	value := func(i int, s ScenarioResult) (v float64, ok bool) {
-		switch i {
-		case 0:
-			return safeRatio(s.Throughput1, d.Throughput1), true
-		case 1:
-			return s.Latency.P50 - d.Latency.P50, true
-		case 2:
-			return s.Latency.P99 - d.Latency.P99, true
-		case 3:
-			return s.CPUVCPU, true
-		case 4:
-			return s.RSSMB, false
-		case 5:
-			return s.BytesPerIdleConn, false
-		case 6:
-			return s.ConnPerS, true
-		default:
-			return holSlowRatio(s), false
-		}
-	}
-	for i := range ts {
-		t := &ts[i]
-		t.Value, _ = value(i, x)
-		needsDirect := i < 3
+	ts := make([]Target, len(goals))
+	for i, g := range goals {
+		t := g.Target
+		t.Value = g.read(x)
 		switch {
 		case !okX:
 			t.Note = notMeasured + ": hbone-cross-node was not run"
-		case needsDirect && !okD:
+		case g.relative && !okD:
 			t.Note = notMeasured + ": direct was not run"
 		case t.Name == targetHOL && holSlowRatio(x) == 0:
 			t.Note = notMeasured + ": no latency samples"
@@ -173,7 +165,8 @@ func targets(rs []ScenarioResult) []Target {
 			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)",
 				holSlowRatio(d), holRatio(x), holRatio(d)), "; ")
 		}
-		if v, ok := value(i, y); ok && okY && (okD || !needsDirect) {
+		if g.yardstick && okY && (okD || !g.relative) {
+			v := g.read(y)
 			t.RelayPair = &v
 			verdict := "would miss it too"
 			if t.meets(v) {
@@ -181,6 +174,7 @@ func targets(rs []ScenarioResult) []Target {
 			}
 			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; two bare relays: %.4g, %s", v, verdict), "; ")
 		}
+		ts[i] = t
 	}
 	return ts
 }

@@ -224,7 +224,13 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		if err != nil {
 			return res, err
 		}
-		defer rp.stop()
+		defer func() {
+			// A relay that exited early fails the run even if every
+			// phase got its figures.
+			if serr := rp.stop(); err == nil && serr != nil {
+				err = serr
+			}
+		}()
 		p.server, p.portShift = netip.MustParseAddr("127.0.0.1"), relayPortShift
 		pidOf = rp.pid
 		res.IdleConns = 0

@@ -62,6 +62,10 @@ func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 	// The loop waits in epoll_wait without telling the runtime (a raw
 	// system call), so it must have its thread to itself.
 	runtime.LockOSThread()
+	// Unlocked on return so that a test calling relayMain in its own
+	// process does not end the thread (and drop its CPU time from the
+	// live threads TestThreadsCPU sums) when the test's goroutine ends.
+	defer runtime.UnlockOSThread()
 	// Named so that perf and top tell the relay's loop from the harness
 	// (both are this binary).
 	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&relayThreadName[0])), 0, 0, 0)

@@ -37,15 +37,15 @@ func leftovers(prefix string) []string {
 }
 
 // TestSmoke runs the real harness end to end, very short: it builds
-// ztunnel, builds the cluster, measures direct, relay-pair and
-// hbone-cross-node with every byte checked, writes results.json and
+// ztunnel, builds the cluster, measures direct, relay-pair,
+// sealed-relay-pair and hbone-cross-node with every byte checked, writes results.json and
 // results.svg, prints the table and removes everything it made (relay
 // processes included).
 func TestSmoke(t *testing.T) {
 	requireRootAndIptables(t)
 	defer goleak.VerifyNone(t)
 	out := t.TempDir()
-	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scRelayPair + "," + scCrossNode, "-idle-conns", "200", "-out", out})
+	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scRelayPair + "," + scSealedRelayPair + "," + scCrossNode, "-idle-conns", "200", "-out", out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,8 @@ func TestSmoke(t *testing.T) {
 	if left := relaysRunning(); len(left) > 0 {
 		t.Fatalf("relay processes left behind: %v", left)
 	}
-	if len(res.Scenarios) != 3 || res.Scenarios[0].Name != scDirect || res.Scenarios[1].Name != scRelayPair || res.Scenarios[2].Name != scCrossNode {
+	if len(res.Scenarios) != 4 || res.Scenarios[0].Name != scDirect || res.Scenarios[1].Name != scRelayPair ||
+		res.Scenarios[2].Name != scSealedRelayPair || res.Scenarios[3].Name != scCrossNode {
 		t.Fatalf("scenarios: %+v", res.Scenarios)
 	}
 	for _, s := range res.Scenarios {
@@ -96,13 +97,15 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: idle %d, connections %d, verified bytes %d", s.Name, s.IdleConns, s.Connections, s.BytesVerified)
 		}
 	}
-	if y := res.Scenarios[1]; !y.Relays || y.ZtunnelsOnPath || len(y.Ztunnels) != 2 || y.CPUVCPU <= 0 || y.CtxSwitchesPerReq <= 0 {
-		t.Errorf("relay-pair costs: %+v", y.Ztunnels)
+	for _, y := range res.Scenarios[1:3] {
+		if !y.Relays || y.ZtunnelsOnPath || len(y.Ztunnels) != 2 || y.CPUVCPU <= 0 || y.CtxSwitchesPerReq <= 0 {
+			t.Errorf("%s costs: %+v", y.Name, y.Ztunnels)
+		}
 	}
-	if n := res.Targets[0].Note; !strings.Contains(n, "two bare relays") {
-		t.Errorf("throughput target's note lacks relay-pair's figure: %q", n)
+	if n := res.Targets[0].Note; !strings.Contains(n, "two bare relays") || !strings.Contains(n, "sealing between them") {
+		t.Errorf("throughput target's note lacks the yardsticks' figures: %q", n)
 	}
-	x := res.Scenarios[2]
+	x := res.Scenarios[3]
 	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 || x.CtxSwitchesPerReq <= 0 {
 		t.Errorf("hbone-cross-node costs: %+v", x.Ztunnels)
 	}

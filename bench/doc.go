@@ -17,7 +17,9 @@
 //
 // Scenarios: direct (plain → outside, no ztunnel on the path), relay-pair
 // (plain → outside through two bare relays in the ztunnels' places: the
-// yardstick, relay.go), hbone-cross-node (client → srv-remote),
+// yardstick, relay.go), sealed-relay-pair (the same with the leg between
+// the relays sealed in AES-GCM records: the yardstick for a proxy that
+// encrypts, relayseal.go), hbone-cross-node (client → srv-remote),
 // hbone-same-node (client → srv-local), tcp-passthrough (client →
 // outside). Each ztunnel is restarted before each scenario so CPU and
 // memory figures start from a fresh process.

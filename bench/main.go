@@ -56,7 +56,7 @@ const (
 	defaultIdleConns = 10000
 	quickIdleConns   = 2000
 	quickDuration    = time.Second
-	quickBudget      = 90 * time.Second
+	quickBudget      = 100 * time.Second
 )
 
 // config is the harness configuration after flags.
@@ -319,8 +319,10 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		all := append([]ScenarioResult{d}, res.PeerScenarios...)
 		flagImplausible(all)
 		copy(res.PeerScenarios, all[1:])
-		if y, ok := byName(res.Scenarios, scRelayPair); ok {
-			all = append(all, y) // the same yardstick for both
+		for _, name := range []string{scRelayPair, scSealedRelayPair} {
+			if y, ok := byName(res.Scenarios, name); ok {
+				all = append(all, y) // the same yardsticks for both
+			}
 		}
 		res.PeerTargets = targets(all)
 	}

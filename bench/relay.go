@@ -40,7 +40,9 @@ import (
 // and the mesh pods' redirect rules besides: a target the relay pair
 // misses in a run is out of reach for any ztunnel on that machine that
 // day (within the run's noise), and the gap between it and
-// hbone-cross-node is what those cost.
+// hbone-cross-node is what those cost. sealed-relay-pair (relayseal.go)
+// adds the encryption, and so splits that gap into what sealing costs and
+// what the rest does.
 
 // relaySubcommand, as the first argument, makes the bench binary (or the
 // test binary, see TestMain) a relay: relayMain.
@@ -136,11 +138,15 @@ type relayPair [2]*relayProc
 // startRelayPair starts the relay in the client's pod (listening on
 // loopback, dialling the second relay at the server pod's address) and
 // the one in the server's pod (dialling the servers there), for every
-// server port.
-func startRelayPair(ctx context.Context, client, server *nstest.Pod) (relayPair, error) {
+// server port. sealed: the leg between them carries sealed records
+// (relayseal.go).
+func startRelayPair(ctx context.Context, client, server *nstest.Pod, sealed bool) (relayPair, error) {
 	var first, second []string
 	for _, port := range []int{echoPort, sinkPort, slowSinkPort} {
 		mid := netip.AddrPortFrom(server.IP, uint16(port+relayPortShift)).String()
+		if sealed {
+			mid = sealedPrefix + mid
+		}
 		first = append(first, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port+relayPortShift)).String()+">"+mid)
 		second = append(second, mid+">"+netip.AddrPortFrom(server.IP, uint16(port)).String())
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -23,18 +24,17 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// TestRelay runs the relay process (this test binary, see TestMain) on
-// loopback in front of a server that echoes the first 1 KiB and then
-// counts the rest of the stream and answers with the count once the
-// client half-closes: both directions, bulk data larger than the relay's
-// buffer and the sockets' buffers, the half-close passed on, and a target
-// that refuses leaves the client with a closed connection, not a hang.
-func TestRelay(t *testing.T) {
+// relayTarget listens on loopback and serves what TestRelay and
+// TestSealedRelayPair send through their relays: it echoes the first 1 KiB,
+// then reads the rest of the stream and, once the client half-closes,
+// answers with its length and SHA-256.
+func relayTarget(t *testing.T) net.Listener {
+	t.Helper()
 	srv, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
 	go func() {
 		for {
 			c, err := srv.Accept()
@@ -50,29 +50,23 @@ func TestRelay(t *testing.T) {
 				if _, err := c.Write(head); err != nil {
 					return
 				}
-				n, _ := io.Copy(io.Discard, c)
+				h := sha256.New()
+				n, _ := io.Copy(h, c)
 				binary.Write(c, binary.LittleEndian, n)
+				c.Write(h.Sum(nil))
 			}()
 		}
 	}()
-	front, refused := freePort(t), freePort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	inPlace := func(f func() error) error { return f() }
-	r, err := startRelayWith(ctx, "the test's namespace", inPlace, []string{
-		front + ">" + srv.Addr().String(),
-		freePort(t) + ">" + refused,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			r.stop()
-		}
-	}()
+	return srv
+}
 
+// exchangeThrough checks one connection through the relays at front
+// against relayTarget: an echo, bulk data larger than the relay's buffer
+// and the sockets' buffers (in odd-sized writes, so records and reads do
+// not line up), the half-close passed on, the target's answer intact and
+// its close passed back.
+func exchangeThrough(t *testing.T, front string) {
+	t.Helper()
 	c, err := net.Dial("tcp", front)
 	if err != nil {
 		t.Fatal(err)
@@ -88,11 +82,18 @@ func TestRelay(t *testing.T) {
 		t.Fatalf("echo through the relay: %v, equal %v", err, bytes.Equal(got, req))
 	}
 	const bulk = 64 << 20
-	chunk := make([]byte, 1<<20)
-	for sent := 0; sent < bulk; sent += len(chunk) {
-		if _, err := c.Write(chunk); err != nil {
+	chunk := make([]byte, 1<<20-7)
+	for i := range chunk {
+		chunk[i] = byte(i * 7)
+	}
+	h := sha256.New()
+	for sent := 0; sent < bulk; {
+		p := chunk[:min(len(chunk), bulk-sent)]
+		if _, err := c.Write(p); err != nil {
 			t.Fatalf("bulk write after %d bytes: %v", sent, err)
 		}
+		h.Write(p)
+		sent += len(p)
 	}
 	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
 		t.Fatal(err)
@@ -101,13 +102,46 @@ func TestRelay(t *testing.T) {
 	if err := binary.Read(c, binary.LittleEndian, &n); err != nil || n != bulk {
 		t.Fatalf("server counted %d bytes (%v), want %d", n, err, bulk)
 	}
+	sum := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(c, sum); err != nil || !bytes.Equal(sum, h.Sum(nil)) {
+		t.Fatalf("server's digest of the bulk data: %x (%v), want %x", sum, err, h.Sum(nil))
+	}
 	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("after the server closed: %v, want EOF", err)
 	}
+}
 
-	// The second listener's target refuses: the relay closes the client.
-	lnAddr := r.cmd.Args[3][:len(r.cmd.Args[3])-len(">"+refused)]
-	d, err := net.Dial("tcp", lnAddr)
+// inPlace runs f in the test's own namespace (startRelayWith's do).
+func inPlace(f func() error) error { return f() }
+
+// startTestRelay starts a relay process (this test binary, see TestMain)
+// on loopback and stops it, checking it stops cleanly, when the test ends.
+func startTestRelay(t *testing.T, pairs ...string) *relayProc {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := startRelayWith(ctx, "the test's namespace", inPlace, pairs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.stop(); err != nil {
+			t.Errorf("relay did not stop cleanly when its stdin closed: %v (stderr %q)", err, r.log.String())
+		}
+	})
+	return r
+}
+
+// TestRelay runs one relay in front of relayTarget: the exchange passes
+// intact, and a target that refuses leaves the client with a closed
+// connection, not a hang.
+func TestRelay(t *testing.T) {
+	srv := relayTarget(t)
+	front, refusing, refused := freePort(t), freePort(t), freePort(t)
+	startTestRelay(t, front+">"+srv.Addr().String(), refusing+">"+refused)
+	exchangeThrough(t, front)
+
+	d, err := net.Dial("tcp", refusing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,10 +150,129 @@ func TestRelay(t *testing.T) {
 	if _, err := d.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read from a relayed connection whose target refused: %v, want it closed", err)
 	}
+}
 
-	stopped = true
-	if err := r.stop(); err != nil {
-		t.Fatalf("relay did not stop cleanly when its stdin closed: %v (stderr %q)", err, r.log.String())
+// TestSealedRelayPair runs sealed-relay-pair's two relays on loopback:
+// the exchange passes intact through the sealed leg, and what crosses that
+// leg is TLS 1.3-shaped records (type, version, at most 16 KiB of payload
+// plus the tag) that open with the accepting end's keys, in sequence, to
+// exactly what the client sent — no plaintext on the wire.
+func TestSealedRelayPair(t *testing.T) {
+	srv := relayTarget(t)
+	front, mid := freePort(t), freePort(t)
+	startTestRelay(t, sealedPrefix+mid+">"+srv.Addr().String())
+	startTestRelay(t, front+">"+sealedPrefix+mid)
+	exchangeThrough(t, front)
+
+	// A relay whose sealed leg ends at the test instead.
+	tap, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tap.Close()
+	tapped := freePort(t)
+	startTestRelay(t, tapped+">"+sealedPrefix+tap.Addr().String())
+	c, err := net.Dial("tcp", tapped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := bytes.Repeat([]byte("plaintext!"), 5000) // 50 000 bytes: four records
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	wire, err := tap.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wire.Close()
+	wire.SetDeadline(time.Now().Add(10 * time.Second))
+	s, err := newSealer(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw, plain []byte
+	buf := make([]byte, 64<<10)
+	for len(plain) < len(msg) {
+		n, err := wire.Read(buf)
+		if err != nil {
+			t.Fatalf("read the sealed leg after %d bytes of plaintext: %v", len(plain), err)
+		}
+		raw = append(raw, buf[:n]...)
+		if bytes.Contains(raw, []byte("plaintext!")) {
+			t.Fatal("plaintext on the sealed leg")
+		}
+		for len(raw) >= sealHeaderLen {
+			m := int(raw[3])<<8 | int(raw[4])
+			if raw[0] != 23 || raw[1] != 3 || raw[2] != 3 || m > sealRecordMax+sealTagLen {
+				t.Fatalf("record header % x", raw[:sealHeaderLen])
+			}
+			if len(raw) < sealHeaderLen+m {
+				break
+			}
+			p, rest, err := s.open(raw[:sealHeaderLen+m])
+			if err != nil || len(rest) != 0 {
+				t.Fatalf("open record %d: %v (%d bytes left)", s.r.seq, err, len(rest))
+			}
+			plain = append(plain, p...)
+			raw = raw[sealHeaderLen+m:]
+		}
+	}
+	if !bytes.Equal(plain, msg) {
+		t.Fatalf("the sealed leg opened to %d bytes that differ from the %d sent", len(plain), len(msg))
+	}
+}
+
+// TestSealerSplitAndTamper: records open whatever way the reads split
+// them (an incomplete record is left for the next read), in order, and a
+// changed bit, a wrong type or an oversized length is an error.
+func TestSealerSplitAndTamper(t *testing.T) {
+	msg := make([]byte, 3*sealRecordMax+100)
+	for i := range msg {
+		msg[i] = byte(i)
+	}
+	w, err := newSealer(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire := w.seal(nil, msg)
+	if want := len(msg) + 4*sealOverhead; len(wire) != want || len(wire) > sealedSize(len(msg)) {
+		t.Fatalf("sealed %d bytes into %d, want %d (at most %d)", len(msg), len(wire), want, sealedSize(len(msg)))
+	}
+	for _, step := range []int{1, 5, 4096, sealRecordMax + sealOverhead + 1, len(wire)} {
+		r, _ := newSealer(false)
+		var got, pending []byte
+		for off := 0; off < len(wire); off += step {
+			b := append(pending, wire[off:min(off+step, len(wire))]...)
+			p, rest, err := r.open(b)
+			if err != nil {
+				t.Fatalf("step %d: open: %v", step, err)
+			}
+			got = append(got, p...)
+			pending = append([]byte(nil), rest...)
+		}
+		if len(pending) != 0 || !bytes.Equal(got, msg) {
+			t.Fatalf("step %d: opened %d bytes (%d pending), want the %d sealed", step, len(got), len(pending), len(msg))
+		}
+	}
+	for name, change := range map[string]func(b []byte){
+		"bit in the payload": func(b []byte) { b[100] ^= 1 },
+		"bit in the tag":     func(b []byte) { b[sealHeaderLen+sealRecordMax+3] ^= 0x80 },
+		"record type":        func(b []byte) { b[0] = 22 },
+		"length":             func(b []byte) { b[3] = 0x50 },
+		"header (its AAD)":   func(b []byte) { b[1] = 1 },
+	} {
+		b := append([]byte(nil), wire...)
+		change(b)
+		r, _ := newSealer(false)
+		if _, _, err := r.open(b); !errors.Is(err, errBadRecord) {
+			t.Errorf("%s changed: open gave %v, want errBadRecord", name, err)
+		}
+	}
+	// The same records do not open with the dialler's own read key.
+	r, _ := newSealer(true)
+	if _, _, err := r.open(append([]byte(nil), wire...)); err == nil {
+		t.Error("records opened with the key of the other direction")
 	}
 }
 

@@ -27,8 +27,13 @@ type relayEnd struct {
 	fd   int
 	peer *relayEnd
 	// listener: a listening socket; target is where its connections go.
-	listener bool
-	target   unix.SockaddrInet4
+	// sealAccepted, sealDialed: the accepted or the dialled sockets carry
+	// sealed records (relayseal.go).
+	listener                 bool
+	target                   unix.SockaddrInet4
+	sealAccepted, sealDialed bool
+	// seal: this socket carries sealed records; nil: plain bytes.
+	seal *sealer
 	// connecting: the dial to the target has not completed.
 	connecting bool
 	eof        bool   // the socket's reader saw end of stream
@@ -49,11 +54,13 @@ type relayLoop struct {
 	stdinFD int
 	ends    map[int]*relayEnd
 	buf     []byte
+	sbuf    []byte // records sealed from buf
 	evs     [128]unix.EpollEvent
 }
 
 // relayMain runs a relay until its stdin reaches EOF. Each argument is
-// "listen>target", IPv4 address:port each. It is started inside a pod's
+// "listen>target", IPv4 address:port each; the side prefixed "sealed:"
+// carries sealed records (relayseal.go). It is started inside a pod's
 // network namespace (startRelay), so its sockets are the pod's.
 func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 	if len(args) == 0 {
@@ -74,7 +81,7 @@ func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 		return fmt.Errorf("relay: epoll_create1: %w", err)
 	}
 	defer unix.Close(ep)
-	l := &relayLoop{ep: ep, stdinFD: int(stdin.Fd()), ends: map[int]*relayEnd{}, buf: make([]byte, relayBufSize)}
+	l := &relayLoop{ep: ep, stdinFD: int(stdin.Fd()), ends: map[int]*relayEnd{}, buf: make([]byte, relayBufSize), sbuf: make([]byte, 0, sealedSize(relayBufSize))}
 	defer l.closeAll()
 	for _, a := range args {
 		from, to, ok := strings.Cut(a, ">")
@@ -95,6 +102,8 @@ func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 }
 
 func (l *relayLoop) listen(from, to string) error {
+	from, sealAccepted := strings.CutPrefix(from, sealedPrefix)
+	to, sealDialed := strings.CutPrefix(to, sealedPrefix)
 	la, err := netip.ParseAddrPort(from)
 	if err != nil {
 		return fmt.Errorf("relay: listen address: %w", err)
@@ -107,7 +116,8 @@ func (l *relayLoop) listen(from, to string) error {
 	if err != nil {
 		return fmt.Errorf("relay: socket: %w", err)
 	}
-	e := &relayEnd{fd: fd, listener: true, target: unix.SockaddrInet4{Port: int(ta.Port()), Addr: ta.Addr().As4()}}
+	e := &relayEnd{fd: fd, listener: true, target: unix.SockaddrInet4{Port: int(ta.Port()), Addr: ta.Addr().As4()},
+		sealAccepted: sealAccepted, sealDialed: sealDialed}
 	l.ends[fd] = e
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		return fmt.Errorf("relay: SO_REUSEADDR: %w", err)
@@ -169,6 +179,10 @@ func (l *relayLoop) accept(ln *relayEnd) {
 		up := &relayEnd{fd: int(ufd), peer: down, connecting: true}
 		down.peer = up
 		l.ends[up.fd] = up
+		if !l.startSealing(ln, down, up) {
+			l.close(down)
+			continue
+		}
 		setNoDelay(down.fd)
 		setNoDelay(up.fd)
 		sa := rawSockaddr(ln.target)
@@ -201,13 +215,19 @@ func (l *relayLoop) serve(e *relayEnd, events uint32) {
 		}
 	}
 	if events&(unix.EPOLLIN|unix.EPOLLERR|unix.EPOLLHUP) != 0 && e.readable() {
-		n, errno := rawRead(e.fd, l.buf)
+		n, errno, data := l.read(e)
 		switch {
+		case n > 0 && data == nil:
+			l.close(e) // a record that does not open
+			return
 		case n > 0:
 			// Straight from the read buffer; only what the peer's socket
 			// does not take is copied to wait.
-			p, data := e.peer, l.buf[:n]
-			if !p.connecting {
+			p := e.peer
+			if p.seal != nil {
+				data = p.seal.seal(l.sbuf[:0], data)
+			}
+			if !p.connecting && len(data) > 0 {
 				w, errno := rawWrite(p.fd, data)
 				if errno != 0 && errno != unix.EAGAIN {
 					l.close(e)
@@ -236,6 +256,44 @@ func (l *relayLoop) serve(e *relayEnd, events uint32) {
 	}
 	l.update(e)
 	l.update(e.peer)
+}
+
+// read reads from e into the loop's buffer. It returns the read's count
+// and errno, and the bytes for e's peer: what was read, or from a sealed
+// socket the plaintext of the records completed (empty while a record is
+// incomplete, nil if one does not open).
+func (l *relayLoop) read(e *relayEnd) (int, syscall.Errno, []byte) {
+	if e.seal == nil {
+		n, errno := rawRead(e.fd, l.buf)
+		if n <= 0 {
+			return n, errno, nil
+		}
+		return n, errno, l.buf[:n]
+	}
+	k := copy(l.buf, e.seal.in)
+	n, errno := rawRead(e.fd, l.buf[k:])
+	if n <= 0 {
+		return n, errno, nil
+	}
+	plain, rest, err := e.seal.open(l.buf[:k+n])
+	if err != nil {
+		return n, 0, nil
+	}
+	e.seal.in = append(e.seal.in[:0], rest...)
+	return n, 0, plain
+}
+
+// startSealing gives the sockets of a connection accepted on ln their
+// record layers, if ln's leg is sealed.
+func (l *relayLoop) startSealing(ln, down, up *relayEnd) bool {
+	var err error
+	if ln.sealAccepted {
+		down.seal, err = newSealer(false)
+	}
+	if ln.sealDialed && err == nil {
+		up.seal, err = newSealer(true)
+	}
+	return err == nil
 }
 
 // readable: e may be read (its bytes have somewhere to go).

@@ -62,9 +62,10 @@ type Target struct {
 	Unit  string  `json:"unit"`
 	Met   bool    `json:"met"`
 	Note  string  `json:"note,omitempty"`
-	// RelayPair is relay-pair's figure for the same target in the same
-	// run, where it compares (see targets).
-	RelayPair *float64 `json:"relay_pair,omitempty"`
+	// RelayPair and SealedRelayPair are the yardsticks' figures for the
+	// same target in the same run, where they compare (see targets).
+	RelayPair       *float64 `json:"relay_pair,omitempty"`
+	SealedRelayPair *float64 `json:"sealed_relay_pair,omitempty"`
 }
 
 func machineInfo() Machine {
@@ -104,15 +105,22 @@ func byName(rs []ScenarioResult, name string) (ScenarioResult, bool) {
 }
 
 // targets evaluates the project's goals on hbone-cross-node against direct.
-// When relay-pair was run, each target it can be read on also carries the
-// relay pair's figure: what two bare relays reach on the same path in the
-// same run (relay.go).
+// When relay-pair or sealed-relay-pair was run, each target it can be read
+// on also carries its figure: what two bare relays reach on the same path
+// in the same run (relay.go), and the same relays sealing what passes
+// between them (relayseal.go).
 func targets(rs []ScenarioResult) []Target {
 	x, okX := byName(rs, scCrossNode)
 	d, okD := byName(rs, scDirect)
-	y, okY := byName(rs, scRelayPair)
+	yardsticks := []struct {
+		name, label string
+		field       func(*Target) **float64
+	}{
+		{scRelayPair, "two bare relays", func(t *Target) **float64 { return &t.RelayPair }},
+		{scSealedRelayPair, "sealing between them (AES-GCM)", func(t *Target) **float64 { return &t.SealedRelayPair }},
+	}
 	// Each goal reads its figure off a scenario. relative: it needs
-	// direct. yardstick: relay-pair's figure compares (not its memory,
+	// direct. yardstick: the yardsticks' figures compare (not their memory,
 	// which holds Go relays' buffers, nor idle connections or head-of-line
 	// blocking, which it does not measure).
 	goals := []struct {
@@ -165,14 +173,18 @@ func targets(rs []ScenarioResult) []Target {
 			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)",
 				holSlowRatio(d), holRatio(x), holRatio(d)), "; ")
 		}
-		if g.yardstick && okY && (okD || !g.relative) {
+		for _, ys := range yardsticks {
+			y, okY := byName(rs, ys.name)
+			if !g.yardstick || !okY || (g.relative && !okD) {
+				continue
+			}
 			v := g.read(y)
-			t.RelayPair = &v
+			*ys.field(&t) = &v
 			verdict := "would miss it too"
 			if t.meets(v) {
 				verdict = "meets it"
 			}
-			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; two bare relays: %.4g, %s", v, verdict), "; ")
+			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; %s: %.4g, %s", ys.label, v, verdict), "; ")
 		}
 		ts[i] = t
 	}
@@ -281,6 +293,9 @@ func printTable(w io.Writer, res *Results) {
 	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels")
 	if _, ok := byName(res.Scenarios, scRelayPair); ok {
 		fmt.Fprintln(w, "relay-pair = the yardstick: two bare relays (read/write copy; no TLS, no HTTP/2) in the two ztunnels' places; its cost columns are the worse relay's")
+	}
+	if _, ok := byName(res.Scenarios, scSealedRelayPair); ok {
+		fmt.Fprintln(w, "sealed-relay-pair = the same relays, sealing what passes between them in AES-128-GCM records as TLS 1.3 does (no handshake, no HTTP/2)")
 	}
 	if res.Peer != "" {
 		fmt.Fprintf(w, "[name] = the -peer binary %s, same topology and load in a second cluster, each scenario right after ours; same direct\n", res.Peer)

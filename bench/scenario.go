@@ -21,6 +21,9 @@ const (
 	scSameNode    = "hbone-same-node"
 	scPassthrough = "tcp-passthrough"
 	scRelayPair   = "relay-pair" // the yardstick: two bare relays (relay.go)
+	// The second yardstick: the same relays, their leg sealed with
+	// AES-GCM records (relayseal.go).
+	scSealedRelayPair = "sealed-relay-pair"
 )
 
 // scenarioDef says who talks to whom and which ztunnels must see it.
@@ -32,13 +35,15 @@ type scenarioDef struct {
 	// none. Empty for direct and relay-pair.
 	onPath []int
 	// relays: two bare relays (relay.go) carry the traffic in the
-	// ztunnels' places; the cost figures are theirs.
-	relays bool
+	// ztunnels' places; the cost figures are theirs. sealed: the leg
+	// between them is sealed (relayseal.go).
+	relays, sealed bool
 }
 
 var scenarioDefs = []scenarioDef{
 	{name: scDirect, client: podPlain, server: podOutside},
 	{name: scRelayPair, client: podPlain, server: podOutside, relays: true},
+	{name: scSealedRelayPair, client: podPlain, server: podOutside, relays: true, sealed: true},
 	{name: scCrossNode, client: podClient, server: podRemote, onPath: []int{1, 2}},
 	{name: scSameNode, client: podClient, server: podLocal, onPath: []int{1}},
 	{name: scPassthrough, client: podClient, server: podOutside, onPath: []int{1}},
@@ -220,7 +225,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	// ztunnel, looked up at each use because every part restarts them.
 	pidOf := func(ni int) int { return r.node(ni).Pid() }
 	if d.relays {
-		rp, err := startRelayPair(ctx, r.mesh.Pods[d.client].Pod, r.mesh.Pods[d.server].Pod)
+		rp, err := startRelayPair(ctx, r.mesh.Pods[d.client].Pod, r.mesh.Pods[d.server].Pod, d.sealed)
 		if err != nil {
 			return res, err
 		}

@@ -266,9 +266,9 @@ func TestParseFlags(t *testing.T) {
 		scenarios []string
 		wantErr   string
 	}{
-		{"defaults", nil, 5 * time.Second, defaultIdleConns, []string{scDirect, scRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
-		{"quick", []string{"-quick"}, quickDuration, quickIdleConns, []string{scDirect, scRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
-		{"quick keeps an explicit duration", []string{"-quick", "-duration", "3s"}, 3 * time.Second, quickIdleConns, []string{scDirect, scRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"defaults", nil, 5 * time.Second, defaultIdleConns, []string{scDirect, scRelayPair, scSealedRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"quick", []string{"-quick"}, quickDuration, quickIdleConns, []string{scDirect, scRelayPair, scSealedRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
+		{"quick keeps an explicit duration", []string{"-quick", "-duration", "3s"}, 3 * time.Second, quickIdleConns, []string{scDirect, scRelayPair, scSealedRelayPair, scCrossNode, scSameNode, scPassthrough}, ""},
 		{"direct is always first", []string{"-scenarios", "tcp-passthrough, direct"}, 5 * time.Second, defaultIdleConns, []string{scDirect, scPassthrough}, ""},
 		{"unknown scenario", []string{"-scenarios", "hbone"}, 0, 0, nil, "unknown"},
 		{"repeated scenario", []string{"-scenarios", "hbone-same-node,hbone-same-node"}, 0, 0, nil, "twice"},
@@ -358,17 +358,18 @@ func TestTargets(t *testing.T) {
 	}
 }
 
-// TestTargetsRelayPair: with relay-pair in the run, the five targets it
-// compares on carry its figure and whether it would meet the goal; the
-// memory and head-of-line targets do not, and the verdict on
-// hbone-cross-node itself is unchanged.
+// TestTargetsRelayPair: with relay-pair (and sealed-relay-pair) in the
+// run, the five targets they compare on carry their figures and whether
+// they would meet the goal; the memory and head-of-line targets do not,
+// and the verdict on hbone-cross-node itself is unchanged.
 func TestTargetsRelayPair(t *testing.T) {
 	direct := ScenarioResult{Name: scDirect, Throughput1: 10, Latency: Latency{P50: 100, P99: 300}, HOLSlowTurnP99: 310, HOLSlowIdleTurnP99: 300}
 	x := ScenarioResult{Name: scCrossNode, Throughput1: 3, Latency: Latency{P50: 250, P99: 600}, HOLSlowTurnP99: 500, HOLSlowIdleTurnP99: 450,
 		CPUVCPU: 0.05, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 2000}
 	y := ScenarioResult{Name: scRelayPair, Relays: true, Throughput1: 6, Latency: Latency{P50: 180, P99: 350}, CPUVCPU: 0.04, RSSMB: 30, ConnPerS: 4000}
+	z := ScenarioResult{Name: scSealedRelayPair, Relays: true, Throughput1: 4.5, Latency: Latency{P50: 200, P99: 400}, CPUVCPU: 0.02, RSSMB: 30, ConnPerS: 3900}
 	without := targets([]ScenarioResult{direct, x})
-	with := targets([]ScenarioResult{direct, y, x})
+	with := targets([]ScenarioResult{direct, y, z, x})
 	want := []string{
 		"two bare relays: 0.6, meets it",
 		"two bare relays: 80, meets it",
@@ -379,18 +380,28 @@ func TestTargetsRelayPair(t *testing.T) {
 		"two bare relays: 4000, would miss it too",
 		"",
 	}
+	wantSealed := []string{"0.45, would miss it too", "100, meets it", "100, meets it", "0.02, meets it", "", "", "3900, would miss it too", ""}
 	for i, tg := range with {
 		if tg.Met != without[i].Met || tg.Value != without[i].Value {
 			t.Errorf("%s: relay-pair changed the verdict: %+v vs %+v", tg.Name, tg, without[i])
 		}
 		if want[i] == "" {
-			if tg.RelayPair != nil || strings.Contains(tg.Note, "bare relays") {
+			if tg.RelayPair != nil || tg.SealedRelayPair != nil || strings.Contains(tg.Note, "relays") || strings.Contains(tg.Note, "sealing") {
 				t.Errorf("%s: carries a relay-pair figure: %+v", tg.Name, tg)
 			}
 			continue
 		}
 		if tg.RelayPair == nil || !strings.Contains(tg.Note, want[i]) {
 			t.Errorf("%s: note %q, want it to contain %q", tg.Name, tg.Note, want[i])
+		}
+		if tg.SealedRelayPair == nil || !strings.Contains(tg.Note, "; sealing between them (AES-GCM): "+wantSealed[i]) {
+			t.Errorf("%s: note %q, want the sealed relays' %q after the bare ones'", tg.Name, tg.Note, wantSealed[i])
+		}
+	}
+	// relay-pair alone: no sealed figure.
+	for _, tg := range targets([]ScenarioResult{direct, y, x}) {
+		if tg.SealedRelayPair != nil || strings.Contains(tg.Note, "sealing") {
+			t.Errorf("%s: a sealed figure without sealed-relay-pair: %+v", tg.Name, tg)
 		}
 	}
 	// Without direct, the relative targets are not measured for either.

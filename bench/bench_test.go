@@ -98,7 +98,7 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for _, y := range res.Scenarios[1:3] {
-		if !y.Relays || y.ZtunnelsOnPath || len(y.Ztunnels) != 2 || y.CPUVCPU <= 0 || y.CtxSwitchesPerReq <= 0 {
+		if !y.Relays || y.ZtunnelsOnPath || len(y.Ztunnels) != 2 || y.CPUVCPU <= 0 || y.CtxSwitchesPerReq <= 0 || y.CPUSecPerGB <= 0 {
 			t.Errorf("%s costs: %+v", y.Name, y.Ztunnels)
 		}
 	}
@@ -106,8 +106,15 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("throughput target's note lacks the yardsticks' figures: %q", n)
 	}
 	x := res.Scenarios[3]
-	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 || x.CtxSwitchesPerReq <= 0 {
+	if !x.ZtunnelsOnPath || len(x.Ztunnels) != 2 || x.CPUVCPU <= 0 || x.RSSMB <= 0 || x.CtxSwitchesPerReq <= 0 || x.CPUSecPerGB <= 0 {
 		t.Errorf("hbone-cross-node costs: %+v", x.Ztunnels)
+	}
+	// Both ztunnels handle every byte of the stream: each spent CPU and
+	// made read/write calls for it.
+	for _, z := range x.Ztunnels {
+		if z.CPUSecPerGB <= 0 || z.SyscallsPerGB <= 0 {
+			t.Errorf("node%d per GB: CPU %v s, syscalls %v", z.Node, z.CPUSecPerGB, z.SyscallsPerGB)
+		}
 	}
 	if d := res.Scenarios[0]; d.LoopNewConn.Count == 0 || d.LoopLatency.Count == 0 || d.LoopNewConn.P50 <= 0 {
 		t.Errorf("direct's plain loops were not measured: %+v %+v", d.LoopLatency, d.LoopNewConn)

@@ -252,15 +252,15 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 }
 
 // bulk streams the pattern to the sink over streams connections for d and
-// returns the delivered rate: bytes the sink confirmed, over the time
-// from the start until the last summary arrived.
-func (p *path) bulk(ctx context.Context, streams int, d time.Duration) (float64, error) {
+// returns the delivered rate (bytes the sink confirmed, over the time
+// from the start until the last summary arrived) and those bytes.
+func (p *path) bulk(ctx context.Context, streams int, d time.Duration) (float64, int64, error) {
 	cs := make([]net.Conn, 0, streams)
 	for range streams {
 		c, err := p.dial(ctx, sinkPort)
 		if err != nil {
 			closeAll(cs)
-			return 0, err
+			return 0, 0, err
 		}
 		cs = append(cs, c)
 	}
@@ -277,16 +277,16 @@ func (p *path) bulk(ctx context.Context, streams int, d time.Duration) (float64,
 	wg.Wait()
 	elapsed := time.Since(start)
 	if err := firstOf(errs); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var total int64
 	for _, s := range sent {
 		total += s
 	}
-	return gbps(total, elapsed), nil
+	return gbps(total, elapsed), total, nil
 }
 
 // stream writes the pattern on c until done() says stop, half-closes, and

@@ -125,9 +125,10 @@ func (r *runner) withCost(ctx context.Context, nodes []int, pidOf func(int) int,
 	return res, nil
 }
 
-// perConn runs fn, which returns how many connections it made, and sets
-// each node's CPU time and context switches per connection.
-func (r *runner) perConn(nodes []int, pidOf func(int) int, costs []ZtunnelCost, fn func() (int64, error)) error {
+// perUnit runs fn, which returns how many units of work it did
+// (connections, GB), and gives each node's CPU time and context switches
+// over it to set, with the units.
+func (r *runner) perUnit(nodes []int, pidOf func(int) int, costs []ZtunnelCost, fn func() (float64, error), set func(c *ZtunnelCost, d procDelta, units float64)) error {
 	before := make([]procSnap, len(nodes))
 	for i, ni := range nodes {
 		var err error
@@ -144,10 +145,7 @@ func (r *runner) perConn(nodes []int, pidOf func(int) int, costs []ZtunnelCost, 
 		if err != nil {
 			return err
 		}
-		d := after.since(before[i])
-		costs[i].CPUPerConnUS = float64(d.cpu.Microseconds()) / float64(n)
-		costs[i].VolCtxSwitchesPerConn = d.vol / float64(n)
-		costs[i].CtxSwitchesPerConn = d.all / float64(n)
+		set(&costs[i], after.since(before[i]), n)
 	}
 	return nil
 }

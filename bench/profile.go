@@ -98,7 +98,7 @@ func (r *runner) profile(ctx context.Context, d scenarioDef, phase, dir string, 
 		r.progress("[%s] profiled connection loop: %.0f conn/s", d.name, rate)
 	case profileBulk:
 		var gbit float64
-		gbit, lerr = p.bulk(ctx, 1, load)
+		gbit, _, lerr = p.bulk(ctx, 1, load)
 		r.progress("[%s] profiled bulk stream: %.2f Gbit/s", d.name, gbit)
 	default:
 		_, lerr = r.headOfLine(ctx, p, d, load, sinkPort, nil)

@@ -256,12 +256,16 @@ func printTable(w io.Writer, res *Results) {
 		rows = append(rows, row{r.Name + " [" + r.Ztunnel + "]", r})
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tTPUT 1 STREAM Gbit/s\tTPUT 8 STREAMS Gbit/s\tp50 µs\tp90 µs\tp99 µs\tp999 µs\t")
+	fmt.Fprintln(tw, "SCENARIO\tTPUT 1 STREAM Gbit/s\tCPU s/GB\tTPUT 8 STREAMS Gbit/s\tp50 µs\tp90 µs\tp99 µs\tp999 µs\t")
 	for _, x := range rows {
 		r := x.r
 		bang := implausibleMark(r, "latency_us")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", x.label,
-			ratio(r.Throughput1, d.Throughput1, "%.2f"), ratio(r.Throughput8, d.Throughput8, "%.2f"),
+		perGB := "–" // nothing on the path
+		if r.ZtunnelsOnPath || r.Relays {
+			perGB = fmt.Sprintf("%.2f", r.CPUSecPerGB)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", x.label,
+			ratio(r.Throughput1, d.Throughput1, "%.2f"), perGB, ratio(r.Throughput8, d.Throughput8, "%.2f"),
 			ratio(r.Latency.P50, d.Latency.P50, "%.0f")+bang, ratio(r.Latency.P90, d.Latency.P90, "%.0f")+bang,
 			ratio(r.Latency.P99, d.Latency.P99, "%.0f")+bang, ratio(r.Latency.P999, d.Latency.P999, "%.0f")+bang)
 	}
@@ -290,7 +294,7 @@ func printTable(w io.Writer, res *Results) {
 			cost(r.CPUVCPU, "%.4f"), cost(r.CtxSwitchesPerReq, "%.2f"), cost(r.RSSMB, "%.1f"), idle)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels")
+	fmt.Fprintln(w, "(×) = ratio to direct; cost columns: worst ztunnel on the path; in parentheses for direct: idle ztunnels; CPU s/GB: on the one-stream phase")
 	if _, ok := byName(res.Scenarios, scRelayPair); ok {
 		fmt.Fprintln(w, "relay-pair = the yardstick: two bare relays (read/write copy; no TLS, no HTTP/2) in the two ztunnels' places; its cost columns are the worse relay's")
 	}

@@ -101,6 +101,13 @@ type ZtunnelCost struct {
 	CPUPerConnUS          float64 `json:"cpu_us_per_conn"`
 	CtxSwitchesPerConn    float64 `json:"ctx_switches_per_conn"`
 	VolCtxSwitchesPerConn float64 `json:"voluntary_ctx_switches_per_conn"`
+	// Per GB (10^9 bytes) delivered by the one-stream throughput phase:
+	// CPU seconds, context switches and read/write-family syscalls. A
+	// ztunnel's CPU per GB bounds its throughput (a core moves at most
+	// 1/cpu GB/s), so this is where a throughput gap is read per cause.
+	CPUSecPerGB      float64 `json:"cpu_s_per_gb"`
+	CtxSwitchesPerGB float64 `json:"ctx_switches_per_gb"`
+	SyscallsPerGB    float64 `json:"rw_syscalls_per_gb"`
 	// Idle connections: VmRSS before and with them (MiB), and per connection.
 	IdleRSSBeforeMB     float64 `json:"idle_rss_before_mb"`
 	IdleRSSMB           float64 `json:"idle_rss_mb"`
@@ -125,6 +132,7 @@ type ScenarioResult struct {
 	RSSMedianMB       float64 `json:"rss_median_mb"` // worst ztunnel's median (see ZtunnelCost)
 	RSSAnonMB         float64 `json:"rss_anon_mb"`
 	CtxSwitchesPerReq float64 `json:"ctx_switches_per_req"` // worst ztunnel on the path
+	CPUSecPerGB       float64 `json:"cpu_s_per_gb"`         // worst ztunnel, one-stream phase
 	BytesPerIdleConn  float64 `json:"bytes_per_idle_conn"`
 	LatencyNewConn    Latency `json:"latency_new_conn_us"`
 	LatencyHOL        Latency `json:"latency_hol_us"`
@@ -303,11 +311,15 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			}
 		}
 
-		err = r.perConn(costNodes, pidOf, costs, func() (int64, error) {
+		err = r.perUnit(costNodes, pidOf, costs, func() (float64, error) {
 			before := p.dials.Load()
 			var err error
 			res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration)
-			return p.dials.Load() - before, err
+			return float64(p.dials.Load() - before), err
+		}, func(c *ZtunnelCost, d procDelta, conns float64) {
+			c.CPUPerConnUS = float64(d.cpu.Microseconds()) / conns
+			c.VolCtxSwitchesPerConn = d.vol / conns
+			c.CtxSwitchesPerConn = d.all / conns
 		})
 		if err != nil {
 			return fmt.Errorf("connection rate: %w", err)
@@ -317,13 +329,27 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerConn }, "%.2f"),
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerConn }, "%.2f"))
 
-		if res.Throughput1, err = p.bulk(ctx, 1, r.cfg.duration); err != nil {
+		err = r.perUnit(costNodes, pidOf, costs, func() (float64, error) {
+			var bytes int64
+			var err error
+			res.Throughput1, bytes, err = p.bulk(ctx, 1, r.cfg.duration)
+			return float64(bytes) / 1e9, err
+		}, func(c *ZtunnelCost, d procDelta, gb float64) {
+			c.CPUSecPerGB = d.cpu.Seconds() / gb
+			c.CtxSwitchesPerGB = d.all / gb
+			c.SyscallsPerGB = d.syscalls / gb
+		})
+		if err != nil {
 			return fmt.Errorf("throughput 1 stream: %w", err)
 		}
-		if res.Throughput8, err = p.bulk(ctx, 8, r.cfg.duration); err != nil {
+		if res.Throughput8, _, err = p.bulk(ctx, 8, r.cfg.duration); err != nil {
 			return fmt.Errorf("throughput 8 streams: %w", err)
 		}
-		r.progress("[%s] throughput: 1 stream %.2f Gbit/s, 8 streams %.2f Gbit/s", d.name, res.Throughput1, res.Throughput8)
+		r.progress("[%s] throughput: 1 stream %.2f Gbit/s, 8 streams %.2f Gbit/s; per GB on 1 stream: CPU s %s, context switches %s, read/write syscalls %s",
+			d.name, res.Throughput1, res.Throughput8,
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUSecPerGB }, "%.2f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerGB }, "%.0f"),
+			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerGB }, "%.0f"))
 		return nil
 	})
 	if err != nil {
@@ -355,6 +381,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		res.RSSMedianMB = math.Max(res.RSSMedianMB, costs[i].RSSMedianMB)
 		res.RSSAnonMB = math.Max(res.RSSAnonMB, costs[i].RSSAnonMB)
 		res.CtxSwitchesPerReq = math.Max(res.CtxSwitchesPerReq, costs[i].CtxSwitchesPerReq)
+		res.CPUSecPerGB = math.Max(res.CPUSecPerGB, costs[i].CPUSecPerGB)
 		res.BytesPerIdleConn = math.Max(res.BytesPerIdleConn, costs[i].BytesPerIdleConn)
 	}
 	res.Ztunnels = costs

@@ -697,7 +697,7 @@ func TestPeerRowsInTable(t *testing.T) {
 // figure, and the legend says what the row is.
 func TestRelayPairRowInTable(t *testing.T) {
 	d := ScenarioResult{Name: scDirect, Ztunnel: ourLabel, Latency: Latency{P50: 100}, CPUVCPU: 0.004}
-	y := ScenarioResult{Name: scRelayPair, Ztunnel: ourLabel, Relays: true, CPUVCPU: 0.0738, Latency: Latency{P50: 250}}
+	y := ScenarioResult{Name: scRelayPair, Ztunnel: ourLabel, Relays: true, CPUVCPU: 0.0738, CPUSecPerGB: 1.23, Latency: Latency{P50: 250}}
 	res := &Results{Scenarios: []ScenarioResult{d, y}}
 	var b strings.Builder
 	printTable(&b, res)
@@ -710,10 +710,15 @@ func TestRelayPairRowInTable(t *testing.T) {
 	if strings.Contains(out, "(0.0738)") {
 		t.Errorf("relay-pair's CPU printed as an idle ztunnel's:\n%s", out)
 	}
+	perGB := false
 	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "relay-pair ") && strings.Contains(line, "0.0738") && !strings.Contains(line, "–") {
 			t.Errorf("relay-pair row has an idle-connection figure: %q", line)
 		}
+		perGB = perGB || strings.HasPrefix(line, "relay-pair ") && strings.Contains(line, " 1.23 ")
+	}
+	if !perGB {
+		t.Errorf("relay-pair's CPU per GB is not in the table:\n%s", out)
 	}
 }
 

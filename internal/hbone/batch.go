@@ -113,6 +113,13 @@ var batchWrites = true
 // closeNow closes the socket under the TLS connection at once.
 func (c *batchTLS) closeNow() error { return c.raw.Conn.Close() }
 
+func (c *batchTLS) roomNow() bool {
+	if r, ok := c.raw.Conn.(*rawNetConn); ok {
+		return r.io.roomNow()
+	}
+	return false
+}
+
 func (c *batchTLS) Write(p []byte) (int, error) {
 	if len(p) < batchMinWrite || !batchWrites {
 		return c.Conn.Write(p)

@@ -22,6 +22,11 @@ func (w *memWire) Read(p []byte) (int, error) {
 	return w.r.Read(p) // io.EOF at the end: the peer closed
 }
 func (w *memWire) Write(p []byte) (int, error) { return len(p), nil }
+
+// roomNow: memory cannot tell, so control frames from the reader take
+// the goroutine path.
+func (w *memWire) roomNow() bool { return false }
+
 func (w *memWire) closeNow() error {
 	select {
 	case <-w.closed:

@@ -76,13 +76,46 @@ type rawIO struct {
 	werrno  syscall.Errno
 	wait    bool // block until all is written; false: stop at EAGAIN
 	writeFn func(uintptr) bool
+
+	room   bool // roomNow's result
+	pollFn func(uintptr)
 }
 
 func newRawIO(rc syscall.RawConn) *rawIO {
 	r := &rawIO{rc: rc}
 	r.readFn = r.doRead
 	r.writeFn = r.doWrite
+	r.pollFn = r.doPoll
 	return r
+}
+
+// pollFd is struct pollfd.
+type pollFd struct {
+	fd             int32
+	events, revent int16
+}
+
+const pollOut = 0x4 // POLLOUT
+
+var zeroTimeout syscall.Timespec
+
+// doPoll asks the kernel, without waiting, whether fd is writable: for
+// TCP, at least a third of the send buffer free (and the unsent bytes
+// below TCP_NOTSENT_LOWAT when that is set).
+func (r *rawIO) doPoll(fd uintptr) {
+	p := pollFd{fd: int32(fd), events: pollOut}
+	n, _, e := syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&p)), 1, uintptr(unsafe.Pointer(&zeroTimeout)), 0, 0, 0)
+	r.room = e == 0 && n == 1 && p.revent&pollOut != 0
+}
+
+// roomNow reports whether a small write would be taken at once. It may
+// run concurrently with read, not with write or itself.
+func (r *rawIO) roomNow() bool {
+	r.room = false
+	if r.rc.Control(r.pollFn) != nil {
+		return false
+	}
+	return r.room
 }
 
 func (r *rawIO) doRead(fd uintptr) bool {

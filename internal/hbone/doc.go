@@ -53,7 +53,8 @@
 //     the destination socket from it when that does not block
 //     (h2stream.onData), so a proxied request crosses no goroutine;
 //   - no writer goroutine: the goroutine that finds the writer free writes
-//     its frame itself, frames of others arriving meanwhile are coalesced
+//     its frame itself (the reader too, for its few control frames, when
+//     the socket has room), frames of others arriving meanwhile are coalesced
 //     into its next write (at most maxPending bytes, so a bulk stream gets
 //     at most about one frame ahead of a small one), and large writes go
 //     out as one syscall for all their TLS records (batch.go);

@@ -361,7 +361,8 @@ func (s *h2stream) closeWrite() error {
 
 // resetWith aborts the stream: RST_STREAM with code (unless one was
 // already sent or received), reads and writes fail with err. async is set
-// on the reader goroutine, which must not write itself.
+// on the reader goroutine, which must not wait on the socket (see
+// writeControl).
 func (s *h2stream) resetWith(code http2.ErrCode, async bool, err error) {
 	c := s.c
 	c.mu.Lock()

@@ -326,8 +326,9 @@ func (c *conn) writeControl(async bool, fill func()) error {
 // pending is a few control frames and the socket has room for them, the
 // common case of a WINDOW_UPDATE from a reader receiving a bulk stream:
 // starting a goroutine for it wakes a thread (with two Ps, a futex wake and
-// a context switch each time, ~1 700 per GB received). It is called with
-// wmu held and returns with it released.
+// context switches; writing inline took a receiving ztunnel from ~12 000
+// to ~8 000 switches per GB in the bench). It is called with wmu held and
+// returns with it released.
 func (c *conn) kickLocked(async bool) error {
 	if c.flushing {
 		c.wmu.Unlock()

@@ -109,7 +109,8 @@ func (r *rawIO) doPoll(fd uintptr) {
 }
 
 // roomNow reports whether a small write would be taken at once. It may
-// run concurrently with read, not with write or itself.
+// run concurrently with read and write, not with itself (the connection
+// calls it under its write lock).
 func (r *rawIO) roomNow() bool {
 	r.room = false
 	if r.rc.Control(r.pollFn) != nil {

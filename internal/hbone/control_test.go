@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"runtime"
 	"testing"
@@ -138,25 +137,7 @@ func TestControlFromReaderInline(t *testing.T) {
 // connection, none once the peer stopped reading and the send buffer
 // filled, and room again after the peer drained it.
 func TestRoomNow(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-	}()
-	d, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	peer := recvTimeout(t, accepted, "accept")
-	defer peer.Close()
+	d, peer := tcpPair(t)
 	raw := newRawNetConn(d)
 	rn, ok := raw.(*rawNetConn)
 	if !ok {

@@ -199,6 +199,29 @@ func startTCP(t testing.TB, serve func(*net.TCPConn)) netip.AddrPort {
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
+// tcpPair returns the two ends of a loopback TCP connection, closed at
+// the test's end. The kernel completes the handshake before Accept, so
+// no goroutine is needed.
+func tcpPair(t testing.TB) (dialed, accepted *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return d.(*net.TCPConn), a.(*net.TCPConn)
+}
+
 // echoTCP copies a connection back to itself and half-closes at EOF. It
 // hides ReadFrom so the runtime does not splice through a pooled pipe
 // (those pipe fds outlive the test and would trip the fd-leak check).

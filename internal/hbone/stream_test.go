@@ -260,28 +260,14 @@ func TestSinkBoundsUnsent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	dst, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Close()
-	reader, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
+	dst, reader := tcpPair(t)
 	copied := make(chan error, 1)
 	go func() {
 		_, err := s.WriteTo(dst)
 		copied <- err
 	}()
 	lowat := func() int {
-		rc, err := dst.(*net.TCPConn).SyscallConn()
+		rc, err := dst.SyscallConn()
 		if err != nil {
 			t.Fatal(err)
 		}

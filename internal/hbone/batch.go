@@ -34,7 +34,37 @@ type batchConn struct {
 	mu    sync.Mutex
 	depth int     // guarded by mu: batching Writes in progress
 	buf   *[]byte // guarded by mu: non-nil while depth > 0
+
+	// While bounded, Read stops at the end of each record, so that when
+	// the handshake is done crypto/tls holds no bytes of the records
+	// after it: those are the record layer's. Only crypto/tls reads.
+	bounded bool
+	hdr     [recordHeaderLen]byte
+	hdrN    int // header bytes of the current record read
+	body    int // body bytes of the current record still to read
 }
+
+func (c *batchConn) Read(p []byte) (int, error) {
+	if !c.bounded {
+		return c.Conn.Read(p)
+	}
+	if c.hdrN < recordHeaderLen {
+		n, err := c.Conn.Read(p[:min(len(p), recordHeaderLen-c.hdrN)])
+		copy(c.hdr[c.hdrN:], p[:n])
+		if c.hdrN += n; c.hdrN == recordHeaderLen {
+			c.body = int(c.hdr[3])<<8 | int(c.hdr[4])
+		}
+		return n, err
+	}
+	n, err := c.Conn.Read(p[:min(len(p), c.body)])
+	if c.body -= n; c.body == 0 {
+		c.hdrN = 0
+	}
+	return n, err
+}
+
+// atRecordEnd reports whether the bounded reads stopped between records.
+func (c *batchConn) atRecordEnd() bool { return c.hdrN == 0 && c.body == 0 }
 
 func (c *batchConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
@@ -93,18 +123,50 @@ func (c *batchConn) flushLocked() error {
 // ConnectionState.
 type batchTLS struct {
 	*tls.Conn
-	raw *batchConn
+	raw    *batchConn
+	client bool
+	keys   *keyCapture // non-nil: the record layer takes over (afterHandshake)
 }
+
+// ownRecords turns the record layer (record.go) on; benchmarks and tests
+// turn it off to compare with crypto/tls's.
+var ownRecords = true
 
 func newBatchTLS(raw net.Conn, client bool, cfg *tls.Config) *batchTLS {
 	bc := &batchConn{Conn: newRawNetConn(raw)}
+	var keys *keyCapture
+	if ownRecords {
+		keys = &keyCapture{}
+		cfg = captureKeys(cfg, keys, !client)
+		bc.bounded = true
+	}
 	var tc *tls.Conn
 	if client {
 		tc = tls.Client(bc, cfg)
 	} else {
 		tc = tls.Server(bc, cfg)
 	}
-	return &batchTLS{Conn: tc, raw: bc}
+	return &batchTLS{Conn: tc, raw: bc, client: client, keys: keys}
+}
+
+// afterHandshake returns what the connection reads and writes once the
+// handshake succeeded: the record layer when it can take over (TLS 1.3
+// with an AES-GCM suite, crypto/tls stopped between records), else the
+// tls.Conn itself, which can always carry on.
+func (c *batchTLS) afterHandshake() wire {
+	c.raw.bounded = false
+	if c.keys == nil || !c.raw.atRecordEnd() {
+		return c
+	}
+	var rio *rawIO
+	if r, ok := c.raw.Conn.(*rawNetConn); ok {
+		rio = r.io
+	}
+	rc, err := newRecordConn(c.raw.Conn, rio, c.client, c.ConnectionState(), c.keys)
+	if err != nil {
+		return c
+	}
+	return rc
 }
 
 // batchWrites turns gathering on; benchmarks turn it off to measure it.

@@ -151,26 +151,27 @@ func sinkTCP(c *net.TCPConn) {
 
 // tunings are the implementation's switches, to measure what each buys.
 var tunings = []struct {
-	name          string
-	direct, batch bool
+	name                   string
+	direct, batch, records bool
 }{
-	{"tuned", true, true},      // socket fast paths, batched TLS records
-	{"no-direct", false, true}, // plain Read/Write on sockets, every copy through a goroutine
-	{"no-batch", true, false},  // one write syscall per TLS record
-	{"neither", false, false},
+	{"tuned", true, true, true},       // socket fast paths, our TLS record layer
+	{"crypto-tls", true, true, false}, // crypto/tls's records, batched into few syscalls
+	{"no-direct", false, true, true},  // plain Read/Write on sockets, every copy through a goroutine
+	{"no-batch", true, false, false},  // crypto/tls, one write syscall per record
+	{"neither", false, false, false},
 }
 
 // use sets the package switches for one benchmark and restores them.
-func use(b *testing.B, direct, batch bool) {
-	d0, b0 := directIO, batchWrites
-	directIO, batchWrites = direct, batch
-	b.Cleanup(func() { directIO, batchWrites = d0, b0 })
+func use(b *testing.B, direct, batch, records bool) {
+	d0, b0, r0 := directIO, batchWrites, ownRecords
+	directIO, batchWrites, ownRecords = direct, batch, records
+	b.Cleanup(func() { directIO, batchWrites, ownRecords = d0, b0, r0 })
 }
 
 func BenchmarkThroughput(b *testing.B) {
 	for _, tu := range tunings {
 		b.Run("upload/"+tu.name, func(b *testing.B) {
-			use(b, tu.direct, tu.batch)
+			use(b, tu.direct, tu.batch, tu.records)
 			e := newEnv(b, sinkHandler, envOpts{})
 			s, err := e.pool.Connect(testCtx(b), e.key, "127.0.0.1:80", nil)
 			if err != nil {
@@ -180,7 +181,7 @@ func BenchmarkThroughput(b *testing.B) {
 			benchUpload(b, s)
 		})
 		b.Run("download/"+tu.name, func(b *testing.B) {
-			use(b, tu.direct, tu.batch)
+			use(b, tu.direct, tu.batch, tu.records)
 			e := newEnv(b, sinkHandler, envOpts{})
 			total := int64(b.N) * benchChunk
 			hdr := http.Header{"X-Bench-Download": {strconv.FormatInt(total, 10)}}

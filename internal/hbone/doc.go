@@ -56,8 +56,14 @@
 //     its frame itself (the reader too, for its few control frames, when
 //     the socket has room), frames of others arriving meanwhile are coalesced
 //     into its next write (at most maxPending bytes, so a bulk stream gets
-//     at most about one frame ahead of a small one), and large writes go
-//     out as one syscall for all their TLS records (batch.go);
+//     at most about one frame ahead of a small one), and a write goes out
+//     as one syscall for all its TLS records;
+//   - TLS: crypto/tls does the handshake; then the connection seals and
+//     opens its TLS 1.3 records itself (record.go, keys from crypto/tls's
+//     key log, recordkeys.go): records are sealed straight into the write's
+//     buffer and opened straight into the reader's, a read takes all the
+//     socket has. A suite it does not implement (ChaCha20, chosen only
+//     without AES hardware) stays on crypto/tls (batch.go);
 //   - an idle stream holds no buffer; a proxied connection idles with one
 //     parked goroutine (Stream.CopyFrom) and none for the other direction
 //     (StartCopyTo);

@@ -124,7 +124,7 @@ func (p *Pool) newConn(key Key) (*poolConn, error) {
 		return fail(ReasonTLSVersion, fmt.Errorf("negotiated version %#x, ALPN %q; want TLS 1.3, h2", st.Version, st.NegotiatedProtocol))
 	}
 	c := &poolConn{key: key, tls: &st, local: raw.LocalAddr(), remote: raw.RemoteAddr()}
-	c.h = newConn(bt, connOptions{
+	c.h = newConn(bt.afterHandshake(), connOptions{
 		client:     true,
 		log:        p.log,
 		countError: p.metrics.countError,

@@ -250,7 +250,7 @@ func (s *Server) serveConn(ctx context.Context, sc *serverConn) error {
 	}
 	s.metrics.connDelta(1)
 	defer s.metrics.connDelta(-1)
-	h := newConn(bt, connOptions{
+	h := newConn(bt.afterHandshake(), connOptions{
 		log:        s.log,
 		countError: s.metrics.countError,
 		maxStreams: s.maxStreams,

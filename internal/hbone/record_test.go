@@ -1,0 +1,274 @@
+package hbone
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// recordHandshake runs our side of a handshake over c (as newBatchTLS's
+// callers do) and returns what the connection would read and write.
+func recordHandshake(t *testing.T, c net.Conn, client bool, cfg *tls.Config) wire {
+	t.Helper()
+	bt := newBatchTLS(c, client, tlsForHBONE(cfg))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := bt.HandshakeContext(ctx); err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	return bt.afterHandshake()
+}
+
+// referenceTLS runs crypto/tls's side of the handshake in the background.
+func referenceTLS(t *testing.T, c net.Conn, client bool, cfg *tls.Config) <-chan *tls.Conn {
+	ch := make(chan *tls.Conn, 1)
+	go func() {
+		var tc *tls.Conn
+		if client {
+			tc = tls.Client(c, cfg)
+		} else {
+			tc = tls.Server(c, cfg)
+		}
+		if err := tc.Handshake(); err != nil {
+			t.Errorf("reference handshake: %v", err)
+			tc = nil
+		}
+		ch <- tc
+	}()
+	return ch
+}
+
+func asRecordConn(t *testing.T, w wire) *recordConn {
+	t.Helper()
+	rc, ok := w.(*recordConn)
+	if !ok {
+		t.Fatalf("after the handshake the connection uses %T, want the record layer", w)
+	}
+	return rc
+}
+
+// exchange sends data one way and checks it arrives intact, reading with
+// buf-sized reads (small ones open records in place, large ones straight
+// into the caller's buffer).
+func exchange(t *testing.T, w io.Writer, r io.Reader, size, buf int) {
+	t.Helper()
+	data := make([]byte, size)
+	_, _ = rand.Read(data)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := w.Write(data)
+		errc <- err
+	}()
+	got := make([]byte, 0, size)
+	p := make([]byte, buf)
+	for len(got) < size {
+		n, err := r.Read(p)
+		got = append(got, p[:n]...)
+		if err != nil {
+			t.Fatalf("read after %d of %d bytes: %v", len(got), size, err)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("%d bytes arrived changed", size)
+	}
+}
+
+// Our client against crypto/tls's server, which sends a session ticket
+// right after the handshake (sealed under the application keys) and a
+// close_notify when it closes: both are records our layer must take.
+func TestRecordLayerClientWithCryptoTLS(t *testing.T) {
+	ca := newTestCA(t)
+	a, b := tcpPair(t)
+	scfg := ca.serverConfig(t, "ns", "server")
+	scfg.ClientAuth = tls.NoClientCert
+	ref := referenceTLS(t, b, false, scfg)
+	ccfg := ca.clientConfig(t, "", "")
+	// A client with a session cache offers resumption, which is what
+	// makes crypto/tls's server send a ticket.
+	ccfg.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+	ours := asRecordConn(t, recordHandshake(t, a, true, ccfg))
+	srv := <-ref
+	if srv == nil {
+		t.FailNow()
+	}
+	for _, buf := range []int{1 << 20, 4 << 10, 100} {
+		exchange(t, ours, srv, 3<<20+7, buf)
+		exchange(t, srv, ours, 3<<20+7, buf)
+	}
+	if ours.in.seq == 0 || ours.out.seq == 0 {
+		t.Fatalf("sequence numbers in %d out %d: records did not go through the record layer", ours.in.seq, ours.out.seq)
+	}
+	if ours.rbuf != nil {
+		t.Error("the read buffer is held after all data was read")
+	}
+	_ = srv.Close()
+	if n, err := ours.Read(make([]byte, 10)); n != 0 || err != io.EOF {
+		t.Fatalf("after close_notify: Read = %d, %v; want 0, io.EOF", n, err)
+	}
+}
+
+// Our server (its config picked per handshake, as identity's is) against
+// crypto/tls's client.
+func TestRecordLayerServerWithCryptoTLS(t *testing.T) {
+	ca := newTestCA(t)
+	a, b := tcpPair(t)
+	inner := ca.serverConfig(t, "ns", "server")
+	outer := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{"h2"},
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return inner, nil
+		},
+	}
+	ref := referenceTLS(t, a, true, ca.clientConfig(t, "ns", "client"))
+	ours := asRecordConn(t, recordHandshake(t, b, false, outer))
+	cli := <-ref
+	if cli == nil {
+		t.FailNow()
+	}
+	exchange(t, cli, ours, 1<<20, 64<<10)
+	exchange(t, ours, cli, 1<<20, 64<<10)
+	if inner.KeyLogWriter != nil || inner.SessionTicketsDisabled {
+		t.Error("the picked config was modified; it must be cloned")
+	}
+}
+
+// Our KeyUpdates, every few records and on request, are read by
+// crypto/tls; its answer to our request is read by us.
+func TestRecordLayerKeyUpdate(t *testing.T) {
+	old := keyUpdateRecords
+	keyUpdateRecords = 5
+	defer func() { keyUpdateRecords = old }()
+
+	ca := newTestCA(t)
+	a, b := tcpPair(t)
+	scfg := ca.serverConfig(t, "ns", "server")
+	scfg.ClientAuth = tls.NoClientCert
+	ref := referenceTLS(t, b, false, scfg)
+	ours := asRecordConn(t, recordHandshake(t, a, true, ca.clientConfig(t, "", "")))
+	srv := <-ref
+	if srv == nil {
+		t.FailNow()
+	}
+	exchange(t, ours, srv, 40*maxPlaintext, 32<<10)
+	if got := ours.sentUpdate.Load(); got < 7 {
+		t.Fatalf("sent %d KeyUpdates for 40 records, want one per 5", got)
+	}
+
+	// Ask the peer to update: crypto/tls answers with its own KeyUpdate
+	// as soon as it reads ours, before the data it sends next.
+	secret := ours.in.secret
+	ours.wmu.Lock()
+	b2, err := ours.sealKeyUpdate(nil, true)
+	if err == nil {
+		b2 = ours.seal(b2, recordTypeAppData, []byte("x"))
+		err = ours.flush(b2)
+	}
+	ours.wmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(srv, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, srv, ours, 1<<20, 64<<10)
+	if bytes.Equal(ours.in.secret, secret) {
+		t.Fatal("the peer's KeyUpdate did not move our read keys")
+	}
+}
+
+// Between two record layers: a KeyUpdate that asks for one is answered
+// before the answering side's next record.
+func TestRecordLayerAnswersKeyUpdate(t *testing.T) {
+	ca := newTestCA(t)
+	a, b := tcpPair(t)
+	srvc := make(chan wire, 1)
+	go func() { srvc <- recordHandshake(t, b, false, ca.serverConfig(t, "ns", "server")) }()
+	cli := asRecordConn(t, recordHandshake(t, a, true, ca.clientConfig(t, "ns", "client")))
+	srv := asRecordConn(t, <-srvc)
+
+	cli.wmu.Lock()
+	buf, err := cli.sealKeyUpdate(nil, true)
+	if err == nil {
+		err = cli.flush(buf)
+	}
+	cli.wmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, cli, srv, 100, 100) // srv's reader sees the request
+	if !srv.peerAsked.Load() {
+		t.Fatal("the request was not noted")
+	}
+	exchange(t, srv, cli, 1<<20, 1<<20)
+	if got := srv.sentUpdate.Load(); got != 1 {
+		t.Fatalf("server sent %d KeyUpdates, want 1", got)
+	}
+	if srv.out.seq > uint64(1<<20/maxPlaintext+1) || cli.in.seq != srv.out.seq {
+		t.Fatalf("sequences: server out %d, client in %d; want equal, restarted at the update", srv.out.seq, cli.in.seq)
+	}
+}
+
+// A changed byte fails authentication and ends the connection.
+func TestRecordLayerRejectsTampering(t *testing.T) {
+	k := newTestSecret(t)
+	w := &recordConn{out: k.keys(t)}
+	wire := w.seal(nil, recordTypeAppData, []byte("hello"))
+	wire[len(wire)-3] ^= 1
+	r := memRecordConn(t, k, wire)
+	if _, err := r.Read(make([]byte, 100)); !errors.Is(err, errRecordMAC) {
+		t.Fatalf("Read = %v, want %v", err, errRecordMAC)
+	}
+}
+
+// testSecret is a traffic secret for in-memory record layers.
+type testSecret []byte
+
+func newTestSecret(t testing.TB) testSecret {
+	s := make([]byte, 32)
+	_, _ = rand.Read(s)
+	return s
+}
+
+func (s testSecret) keys(t testing.TB) *trafficKeys {
+	k, err := newTrafficKeys(tls.TLS_AES_128_GCM_SHA256, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// memRecordConn reads the records in data.
+func memRecordConn(t testing.TB, s testSecret, data []byte) *recordConn {
+	c := &recordConn{raw: &memConn{r: bytes.NewReader(data)}, in: s.keys(t), out: s.keys(t)}
+	c.readFn = c.doRead
+	return c
+}
+
+type memConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *memConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func TestTrafficKeysSuites(t *testing.T) {
+	if _, err := newTrafficKeys(tls.TLS_CHACHA20_POLY1305_SHA256, make([]byte, 32)); !errors.Is(err, errRecordSuite) {
+		t.Fatalf("ChaCha20: %v, want %v (crypto/tls keeps such connections)", err, errRecordSuite)
+	}
+	if _, err := newTrafficKeys(tls.TLS_AES_256_GCM_SHA384, make([]byte, 32)); err == nil {
+		t.Fatal("a 32-byte secret was taken for a SHA-384 suite")
+	}
+	if _, err := newTrafficKeys(tls.TLS_AES_256_GCM_SHA384, make([]byte, 48)); err != nil {
+		t.Fatal(err)
+	}
+}

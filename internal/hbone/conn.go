@@ -127,6 +127,10 @@ type connOptions struct {
 // or memory in fuzz tests.
 type wire interface {
 	io.Reader
+	// Write is io.Writer's, except that it may change p's bytes while it
+	// runs (it puts them back before it returns): the record layer
+	// borrows the byte after each record's content for the record's type
+	// byte. Callers own p for the call.
 	io.Writer
 	// closeNow closes the underlying socket at once (no close_notify,
 	// which could block on a peer that does not read).

@@ -410,7 +410,11 @@ func (c *recordConn) Write(p []byte) (int, error) {
 			}
 			b = b[:0]
 		}
-		b = c.seal(b, recordTypeAppData, p[:chunk])
+		if chunk < len(p) {
+			b = c.sealBorrowing(b, p[:chunk+1])
+		} else {
+			b = c.seal(b, recordTypeAppData, p[:chunk])
+		}
 		p = p[chunk:]
 		written += chunk
 		if c.out.seq >= keyUpdateRecords {
@@ -442,6 +446,23 @@ func (c *recordConn) seal(b []byte, typ byte, data []byte) []byte {
 	body := b[off+recordHeaderLen:]
 	c.out.aead.Seal(body[:0], c.out.nextNonce(), body, b[off:off+recordHeaderLen])
 	return b[:off+recordHeaderLen+l]
+}
+
+// sealBorrowing appends one application data record carrying all of run
+// but its last byte, which it borrows for the record's type byte and puts
+// back: AES-GCM seals the content and its type as one run, and borrowing
+// the byte that follows lets it read the content where it is instead of
+// from a copy (see wire.Write). b has room for the record.
+func (c *recordConn) sealBorrowing(b []byte, run []byte) []byte {
+	off := len(b)
+	l := len(run) + recordTagLen
+	b = append(b, recordTypeAppData, 3, 3, byte(l>>8), byte(l))
+	last := len(run) - 1
+	saved := run[last]
+	run[last] = recordTypeAppData
+	b = c.out.aead.Seal(b, c.out.nextNonce(), run, b[off:off+recordHeaderLen])
+	run[last] = saved
+	return b
 }
 
 // sealKeyUpdate appends a KeyUpdate and moves the write keys on.

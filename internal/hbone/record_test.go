@@ -60,6 +60,7 @@ func exchange(t *testing.T, w io.Writer, r io.Reader, size, buf int) {
 	t.Helper()
 	data := make([]byte, size)
 	_, _ = rand.Read(data)
+	sent := bytes.Clone(data)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := w.Write(data)
@@ -77,8 +78,11 @@ func exchange(t *testing.T, w io.Writer, r io.Reader, size, buf int) {
 	if err := <-errc; err != nil {
 		t.Fatalf("write: %v", err)
 	}
-	if !bytes.Equal(got, data) {
+	if !bytes.Equal(got, sent) {
 		t.Fatalf("%d bytes arrived changed", size)
+	}
+	if !bytes.Equal(data, sent) {
+		t.Fatal("Write left its input changed")
 	}
 }
 
@@ -270,5 +274,51 @@ func TestTrafficKeysSuites(t *testing.T) {
 	}
 	if _, err := newTrafficKeys(tls.TLS_AES_256_GCM_SHA384, make([]byte, 48)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// discardConn is a net.Conn whose writes go nowhere.
+type discardConn struct{ net.Conn }
+
+func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkRecordWrite seals one maximum-size DATA frame (header and
+// payload) per op, without a socket: the record layer's own cost.
+func BenchmarkRecordWrite(b *testing.B) {
+	w := &recordConn{raw: discardConn{}, out: newTestSecret(b).keys(b)}
+	frame := make([]byte, frameHeaderLen+maxFrameSize)
+	b.SetBytes(int64(len(frame)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := w.Write(frame); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRecordRead opens one maximum-size DATA frame's records per op
+// into a frame-sized buffer, as the connection's reader does.
+func BenchmarkRecordRead(b *testing.B) {
+	s := newTestSecret(b)
+	w := &recordConn{raw: discardConn{}, out: s.keys(b)}
+	frame := make([]byte, frameHeaderLen+maxFrameSize)
+	var wire []byte
+	for len(frame) > 0 {
+		n := min(len(frame), maxPlaintext)
+		wire = w.seal(wire, recordTypeAppData, frame[:n])
+		frame = frame[n:]
+	}
+	r := memRecordConn(b, s, nil)
+	src := bytes.NewReader(nil)
+	r.raw = &memConn{r: src}
+	p := make([]byte, frameHeaderLen+maxFrameSize)
+	b.SetBytes(int64(len(p)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r.in.seq = 0
+		src.Reset(wire)
+		if _, err := io.ReadFull(r, p); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -107,7 +107,9 @@
 //	ztunnel_hbone_pool_streams             gauge    open client streams
 //	ztunnel_hbone_pool_dials_total         counter  {result}: ok, dial, tls_config, tls_handshake, tls_version, http2
 //	ztunnel_hbone_pool_http2_errors_total  counter  {type}: HTTP/2 errors seen (conn_<CODE>, stream_<CODE>,
-//	                                                goaway_<CODE>, refused_stream, ping_timeout)
+//	                                                goaway_<CODE>, refused_stream, ping_timeout), and
+//	                                                the TLS records under them: tls_record (failed
+//	                                                authentication or broke TLS 1.3's rules), tls_alert
 //
 // Server (ServerOptions.Registerer):
 //

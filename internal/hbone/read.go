@@ -34,6 +34,9 @@ func (c *conn) readLoop() {
 			case errors.Is(err, io.EOF):
 				c.close(errConnClosed)
 			default:
+				if typ := recordErrorType(err); typ != "" {
+					c.countError(typ)
+				}
 				c.close(fmt.Errorf("hbone: read: %w", err))
 			}
 			return

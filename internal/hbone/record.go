@@ -247,6 +247,22 @@ func innerContent(inner []byte) (byte, []byte, error) {
 	return inner[i], inner[:i], nil
 }
 
+// recordErrorType names, for the error counters, a read error of the
+// record layer: "tls_record" for what broke TLS 1.3's rules or failed
+// authentication (garbage or tampering on the wire), "tls_alert" for an
+// alert from the peer; "" for anything else.
+func recordErrorType(err error) string {
+	var alert tls.AlertError
+	switch {
+	case errors.Is(err, errRecordMAC), errors.Is(err, errRecordTooLarge),
+		errors.Is(err, errRecordType), errors.Is(err, errTooManyEmpty):
+		return "tls_record"
+	case errors.As(err, &alert):
+		return "tls_alert"
+	}
+	return ""
+}
+
 func alertErr(content []byte) error {
 	if len(content) != 2 {
 		return fmt.Errorf("%w: alert of %d bytes", errRecordType, len(content))

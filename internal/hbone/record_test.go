@@ -10,6 +10,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 )
 
 // recordHandshake runs our side of a handshake over c (as newBatchTLS's
@@ -321,4 +323,54 @@ func BenchmarkRecordRead(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// A record that fails authentication, arriving on a serving connection,
+// ends it and is counted.
+func TestRecordLayerCountsBadRecord(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	raw, err := net.Dial("tcp", e.ln.addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	tc := tls.Client(raw, e.ca.clientConfig(t, "client", "cli", spiffeID("server", "srv")))
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	// The preface and an empty SETTINGS through TLS, so the server's
+	// reader loop is running; then a forged record on the raw socket.
+	if _, err := tc.Write(append([]byte(http2.ClientPreface), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	forged := append([]byte{recordTypeAppData, 3, 3, 0, 40}, make([]byte, 40)...)
+	if _, err := raw.Write(forged); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the forged record counted", func() bool {
+		return e.metric(t, "ztunnel_hbone_server_http2_errors_total", "tls_record") == 1
+	})
+	_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, raw); err != nil {
+		t.Fatalf("the server did not close the connection: %v", err)
+	}
+}
+
+func TestRecordErrorType(t *testing.T) {
+	for err, want := range map[error]string{
+		errRecordMAC:                        "tls_record",
+		io.ErrUnexpectedEOF:                 "",
+		alertErr([]byte{2, 40}):             "tls_alert",
+		innerErr([]byte{0, 0}):              "tls_record",
+		errors.New("hbone: something else"): "",
+	} {
+		if got := recordErrorType(err); got != want {
+			t.Errorf("recordErrorType(%v) = %q, want %q", err, got, want)
+		}
+	}
+}
+
+func innerErr(inner []byte) error {
+	_, _, err := innerContent(inner)
+	return err
 }

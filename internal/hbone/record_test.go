@@ -374,3 +374,31 @@ func innerErr(inner []byte) error {
 	_, _, err := innerContent(inner)
 	return err
 }
+
+// When the record layer cannot take over (a suite it does not implement,
+// simulated by withholding the secrets), crypto/tls carries the
+// connection on from where the handshake's bounded reads stopped.
+func TestRecordLayerFallsBackToCryptoTLS(t *testing.T) {
+	ca := newTestCA(t)
+	a, b := tcpPair(t)
+	scfg := ca.serverConfig(t, "ns", "server")
+	scfg.ClientAuth = tls.NoClientCert
+	ref := referenceTLS(t, b, false, scfg)
+	ccfg := ca.clientConfig(t, "", "")
+	ccfg.ClientSessionCache = tls.NewLRUClientSessionCache(1) // a ticket follows the handshake
+	bt := newBatchTLS(a, true, tlsForHBONE(ccfg))
+	if err := bt.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	bt.keys.client = nil
+	w := bt.afterHandshake()
+	if _, ok := w.(*batchTLS); !ok {
+		t.Fatalf("without secrets the connection uses %T, want crypto/tls", w)
+	}
+	srv := <-ref
+	if srv == nil {
+		t.FailNow()
+	}
+	exchange(t, w, srv, 1<<20, 64<<10)
+	exchange(t, srv, w, 1<<20, 64<<10)
+}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/internal/demo"
 	"go.uber.org/goleak"
 )
 
@@ -206,5 +207,78 @@ func TestPeerFailsClearly(t *testing.T) {
 	}
 	if left := append(leftovers("zbq"), leftovers("zbqp")...); len(left) > 0 {
 		t.Fatalf("namespaces left behind: %v", left)
+	}
+}
+
+// TestMixedSmoke runs -mixed end to end, very short, with this tree's
+// ztunnel standing in for the peer (under another file name) and a plug-in
+// CA of our own: both mixed clusters are built with the per-node binary
+// and environment, carry hbone-cross-node with every byte checked, show
+// in the table and results, and are removed.
+func TestMixedSmoke(t *testing.T) {
+	requireRootAndIptables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	built, err := buildZtunnel(ctx, root, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The peer is a script that notes where it runs and with which CA,
+	// then becomes our ztunnel.
+	peer := filepath.Join(dir, "other-ztunnel")
+	ran := filepath.Join(dir, "ran")
+	script := "#!/bin/sh\necho \"$NODE_NAME $LOCAL_CA_DIR $INPOD_ENABLED\" >> " + ran + "\nexec " + built + " \"$@\"\n"
+	if err := os.WriteFile(peer, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(dir, "cacerts")
+	if err := os.Mkdir(ca, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := demo.WritePluginCA(ca); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scCrossNode, "-idle-conns", "100", "-out", t.TempDir(), "-peer", peer, "-mixed", ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.prefix = "zbx"
+	cfg.holTargetPhase = 2 * time.Second
+	var stdout, progress bytes.Buffer
+	res, err := run(ctx, cfg, &stdout, &progress)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	for _, p := range []string{"zbx", "zbxp", "zbxm"} {
+		if left := leftovers(p); len(left) > 0 {
+			t.Fatalf("namespaces left behind: %v", left)
+		}
+	}
+	b, err := os.ReadFile(ran)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"node1", "node2"} {
+		if line := node + " " + ca + " true"; !strings.Contains(string(b), line) {
+			t.Errorf("the peer never ran as %q in a mixed cluster; its starts:\n%s", line, b)
+		}
+	}
+	want := []string{"ztunnel-go→other-ztunnel", "other-ztunnel→ztunnel-go"}
+	if len(res.MixedScenarios) != 2 {
+		t.Fatalf("mixed scenarios: %+v", res.MixedScenarios)
+	}
+	for i, s := range res.MixedScenarios {
+		if s.Ztunnel != want[i] || s.Name != scCrossNode || s.Throughput1 <= 0 || s.ConnPerS <= 0 || s.Latency.P50 <= 0 {
+			t.Errorf("mixed run %d: %s [%s], 1-stream %.2f, conn/s %.0f, p50 %.0f; want %s with every figure measured",
+				i, s.Name, s.Ztunnel, s.Throughput1, s.ConnPerS, s.Latency.P50, want[i])
+		}
+		if !strings.Contains(stdout.String(), scCrossNode+" ["+want[i]+"]") {
+			t.Errorf("the table has no row for %s", want[i])
+		}
 	}
 }

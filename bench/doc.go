@@ -6,6 +6,7 @@
 //	go run ./bench -profile          # plus CPU/heap profiles of each ztunnel
 //	go run ./bench -profile-phase rps  # profiles under the CPU target's load
 //	go run ./bench -peer PATH        # the same scenarios with another ztunnel binary too
+//	go run ./bench -peer PATH -mixed CADIR  # plus ours and the peer on one path, both ways (interop)
 //
 // Topology (internal/demo.Mesh, namespaces from internal/nstest): two nodes,
 // each with its own ztunnel process (the real binary, built by the harness)

@@ -71,6 +71,7 @@ type config struct {
 	profilePhase string
 	binary       string // prebuilt ztunnel; empty: build one
 	peer         string // -peer: another ztunnel binary to run the same scenarios with; empty: none
+	mixedCA      string // -mixed: the plug-in CA directory for interop runs with the peer; empty: none
 	idleConns    int
 	rate         int
 	prefix       string // namespace prefix
@@ -115,6 +116,7 @@ func parseFlags(args []string) (config, error) {
 	profPhase := fs.String("profile-phase", profileHOL, "load during -profile: "+profileHOL+" (bulk stream + 1000 rps, slowest scenario) or "+profileRPS+" (1000 rps on reused connections alone, hbone-cross-node: what the CPU target measures), "+profileBulk+" (one bulk stream alone, slowest scenario: what the throughput target measures) or "+profileConn+" (connect, 1 B round trip, close in a loop, hbone-cross-node: what the connections/s target measures); implies -profile")
 	bin := fs.String("ztunnel", "", "use this ztunnel binary instead of building ./cmd/ztunnel")
 	peer := fs.String("peer", "", "also run every scenario with this other ztunnel binary (e.g. upstream's, built with --features testing) and report it beside this tree's")
+	mixed := fs.String("mixed", "", "with -peer: also run hbone-cross-node with one node this tree's ztunnel and the other the peer, both ways round (interop); the value is a plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem) holding the root the peer's FAKE_CA signs with")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -125,7 +127,7 @@ func parseFlags(args []string) (config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof || set["profile-phase"], profilePhase: *profPhase,
-		binary: *bin, peer: *peer, idleConns: *idle, rate: defaultRate, prefix: "zb", holTargetPhase: holTargetPhase}
+		binary: *bin, peer: *peer, mixedCA: *mixed, idleConns: *idle, rate: defaultRate, prefix: "zb", holTargetPhase: holTargetPhase}
 	if !slices.Contains([]string{profileHOL, profileRPS, profileBulk, profileConn}, cfg.profilePhase) {
 		return config{}, fmt.Errorf("-profile-phase %q: want %s, %s, %s or %s", cfg.profilePhase, profileHOL, profileRPS, profileBulk, profileConn)
 	}
@@ -147,6 +149,14 @@ func parseFlags(args []string) (config, error) {
 	var err error
 	if cfg.peer != "" {
 		if err := checkPeer(cfg.peer); err != nil {
+			return config{}, err
+		}
+	}
+	if cfg.mixedCA != "" {
+		if cfg.peer == "" {
+			return config{}, errors.New("-mixed needs -peer: the other ztunnel of the mixed runs")
+		}
+		if err := checkMixedCA(cfg.mixedCA); err != nil {
 			return config{}, err
 		}
 	}
@@ -297,6 +307,11 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	if peer != nil {
 		res.Peer = peer.label + " (" + peer.path + ")"
 		res.Notes = append(res.Notes, peer.r.notes...)
+	}
+	if cfg.mixedCA != "" {
+		if res.MixedScenarios, err = runMixed(ctx, cfg, tmp, bin, progress); err != nil {
+			return nil, err
+		}
 	}
 	if ml.LoadEnd, err = sampleLoad(ctx); err != nil {
 		return nil, err

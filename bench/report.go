@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -24,9 +25,12 @@ type Results struct {
 	// is the run's one, in scenarios) and its targets.
 	Peer          string           `json:"peer,omitempty"`
 	PeerScenarios []ScenarioResult `json:"peer_scenarios,omitempty"`
-	PeerTargets   []Target         `json:"peer_targets,omitempty"`
-	Profiles      []string         `json:"profiles,omitempty"`
-	Notes         []string         `json:"notes"`
+	// MixedScenarios (-mixed): hbone-cross-node with ours on one node and
+	// the peer on the other; Ztunnel is "<client side>→<server side>".
+	MixedScenarios []ScenarioResult `json:"mixed_scenarios,omitempty"`
+	PeerTargets    []Target         `json:"peer_targets,omitempty"`
+	Profiles       []string         `json:"profiles,omitempty"`
+	Notes          []string         `json:"notes"`
 }
 
 // Machine describes where the run happened.
@@ -252,7 +256,7 @@ func printTable(w io.Writer, res *Results) {
 	for _, r := range res.Scenarios {
 		rows = append(rows, row{r.Name, r})
 	}
-	for _, r := range res.PeerScenarios {
+	for _, r := range append(slices.Clip(res.PeerScenarios), res.MixedScenarios...) {
 		rows = append(rows, row{r.Name + " [" + r.Ztunnel + "]", r})
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -303,6 +307,9 @@ func printTable(w io.Writer, res *Results) {
 	}
 	if res.Peer != "" {
 		fmt.Fprintf(w, "[name] = the -peer binary %s, same topology and load in a second cluster, each scenario right after ours; same direct\n", res.Peer)
+	}
+	if len(res.MixedScenarios) > 0 {
+		fmt.Fprintln(w, "[a→b] = -mixed: the client pods' node ran a, the server pods' node b (an interop run, after the others); cost columns: the worse of the two")
 	}
 	fmt.Fprintf(w, "self-check: direct's new-connection p50 %.0f µs is %.2f × a plain connect/round-trip/close loop's p50 %.0f µs (allowed %.0f ×)\n",
 		d.LatencyNewConn.P50, safeRatio(d.LatencyNewConn.P50, d.LoopNewConn.P50), d.LoopNewConn.P50, plausibleNewConn)

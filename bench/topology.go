@@ -54,16 +54,17 @@ var podSysctls = [][2]string{
 // buildTopology creates the mesh and starts the servers; extraEnv is
 // added to every ztunnel's environment.
 func buildTopology(ctx context.Context, cfg config, binary, dir string, extraEnv ...string) (*demo.Mesh, map[string]*podServers, error) {
-	m, err := demo.NewMesh(ctx, demo.MeshOptions{
-		Binary: binary,
-		Prefix: cfg.prefix,
-		Nodes:  2,
-		Pods:   podSpecs,
-		Dir:    dir,
-		// Nothing is open when a scenario restarts the ztunnels, so a short
-		// drain bound only matters if something went wrong.
-		Env: append(append([]string{"TERMINATION_GRACE_PERIOD_SECONDS=2"}, extraEnv...), strings.Fields(os.Getenv("BENCH_ZTUNNEL_ENV"))...),
-	})
+	return buildMesh(ctx, cfg, demo.MeshOptions{Binary: binary, Dir: dir, Env: extraEnv})
+}
+
+// buildMesh is buildTopology for a mesh whose binaries, directory and
+// extra environment o gives; it fills in the rest.
+func buildMesh(ctx context.Context, cfg config, o demo.MeshOptions) (*demo.Mesh, map[string]*podServers, error) {
+	o.Prefix, o.Nodes, o.Pods = cfg.prefix, 2, podSpecs
+	// Nothing is open when a scenario restarts the ztunnels, so a short
+	// drain bound only matters if something went wrong.
+	o.Env = append(append([]string{"TERMINATION_GRACE_PERIOD_SECONDS=2"}, o.Env...), strings.Fields(os.Getenv("BENCH_ZTUNNEL_ENV"))...)
+	m, err := demo.NewMesh(ctx, o)
 	if err != nil {
 		return nil, nil, err
 	}

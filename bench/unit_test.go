@@ -277,6 +277,8 @@ func TestParseFlags(t *testing.T) {
 		{"unknown profile phase", []string{"-profile-phase", "nope"}, 0, 0, nil, "-profile-phase"},
 		{"peer that does not exist", []string{"-peer", "/nonexistent/ztunnel"}, 0, 0, nil, "-peer"},
 		{"peer that is a directory", []string{"-peer", "/"}, 0, 0, nil, "not an executable"},
+		{"mixed without a peer", []string{"-mixed", "/tmp"}, 0, 0, nil, "-mixed needs -peer"},
+		{"mixed without a CA", []string{"-peer", "/bin/sh", "-mixed", "/nonexistent"}, 0, 0, nil, "-mixed /nonexistent"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

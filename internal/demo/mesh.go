@@ -62,6 +62,16 @@ type MeshOptions struct {
 	// Dir holds config, CA, sockets and logs; empty: a new temp dir that
 	// Close removes.
 	Dir string
+	// NodeBinary, for the node indexes it lists, is the ztunnel executable
+	// in place of Binary: interop runs put another implementation on one
+	// node.
+	NodeBinary map[int]string
+	// NodeEnv is extra environment for one node's ztunnel, after Env.
+	NodeEnv map[int][]string
+	// TrustDomain, when set, is written into every workload of the local
+	// config. Another implementation's built-in CA may issue its SPIFFE id
+	// from it (upstream's FAKE_CA leaves it empty otherwise).
+	TrustDomain string
 	// DNSResolverPod names the pod whose IP:53 every ztunnel forwards names
 	// outside the mesh to (the resolv.conf they read). Empty: a resolv.conf
 	// without servers, so no query ever leaves the cluster.
@@ -304,6 +314,9 @@ func (m *Mesh) localConfig() string {
   canonicalName: %[1]s
   canonicalRevision: v1
 `, p.Name, p.ServiceAccount, p.IP, p.Node.Index, m.opts.Namespace)
+		if m.opts.TrustDomain != "" {
+			fmt.Fprintf(&b, "  trustDomain: %s\n", m.opts.TrustDomain)
+		}
 		b.WriteString(s.WorkloadYAML)
 	}
 	b.WriteString(m.opts.ExtraConfig)
@@ -315,7 +328,11 @@ func (n *MeshNode) start() error {
 	if err != nil {
 		return fmt.Errorf("demo: mesh: %w", err)
 	}
-	cmd := exec.Command(n.mesh.opts.Binary)
+	bin := n.mesh.opts.Binary
+	if b := n.mesh.opts.NodeBinary[n.Index]; b != "" {
+		bin = b
+	}
+	cmd := exec.Command(bin)
 	cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"LOCAL_XDS_PATH=" + n.mesh.configPath(),
@@ -327,6 +344,7 @@ func (n *MeshNode) start() error {
 		fmt.Sprintf("NODE_NAME=node%d", n.Index),
 		"TERMINATION_GRACE_PERIOD_SECONDS=3",
 	}, n.mesh.opts.Env...) // os/exec keeps the last value of a repeated name
+	cmd.Env = append(cmd.Env, n.mesh.opts.NodeEnv[n.Index]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// No Pdeathsig: it is tied to the forking thread, and a Go thread that
 	// exits (a goroutine ending while locked) would kill ztunnel at random.

@@ -38,9 +38,10 @@ type recordConn struct {
 	rbuf    *[]byte // pooled ciphertext, nil while none is buffered
 	rlo     int     // unread ciphertext is (*rbuf)[rlo:rhi]
 	rhi     int
-	plain   []byte // application data opened in place, not yet returned
-	hs      []byte // post-handshake message split across records
-	useless int    // records in a row that carried no application data
+	peek    [recordHeaderLen]byte // fill's first read when raw is not a socket
+	plain   []byte                // application data opened in place, not yet returned
+	hs      []byte                // post-handshake message split across records
+	useless int                   // records in a row that carried no application data
 	rerr    error
 	readFn  func(uintptr) bool
 	rn      int
@@ -340,9 +341,16 @@ func (c *recordConn) makeRoom() []byte {
 func (c *recordConn) fill() {
 	var n int
 	var err error
-	if c.rc == nil {
+	switch {
+	case c.rc == nil && c.rbuf == nil:
+		// Wait for the next record's first bytes without a buffer, so
+		// that an idle connection holds none here too.
+		if n, err = c.raw.Read(c.peek[:]); n > 0 {
+			copy(c.makeRoom(), c.peek[:n])
+		}
+	case c.rc == nil:
 		n, err = c.raw.Read(c.makeRoom())
-	} else {
+	default:
 		c.rn, c.rerrno = 0, 0
 		if err = c.rc.Read(c.readFn); err == nil && c.rerrno != 0 {
 			err = os.NewSyscallError("read", c.rerrno)
@@ -366,6 +374,10 @@ func (c *recordConn) fill() {
 		err = io.ErrNoProgress
 	}
 	c.rerr = err
+	if c.rbuf != nil { // what is left is part of a record that will not come
+		recordBufs.Put(c.rbuf)
+		c.rbuf, c.rlo, c.rhi = nil, 0, 0
+	}
 }
 
 // doRead is the callback of fill's RawConn.Read. With nothing buffered it

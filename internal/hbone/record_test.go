@@ -402,3 +402,48 @@ func TestRecordLayerFallsBackToCryptoTLS(t *testing.T) {
 	exchange(t, w, srv, 1<<20, 64<<10)
 	exchange(t, srv, w, 1<<20, 64<<10)
 }
+
+// probeConn serves data, then reports whether the record layer held a
+// read buffer when it came back for more (a connection going idle).
+type probeConn struct {
+	net.Conn
+	c    *recordConn
+	data []byte
+	held bool
+}
+
+func (p *probeConn) Read(b []byte) (int, error) {
+	if len(p.data) == 0 {
+		p.held = p.c.rbuf != nil // same goroutine as the record layer's
+		return 0, io.EOF
+	}
+	n := copy(b, p.data[:min(len(p.data), 7000)]) // records arrive split
+	p.data = p.data[n:]
+	return n, nil
+}
+
+// On a connection that is not a socket (no poller to wait on), the
+// record layer still waits for the next record without a read buffer.
+func TestRecordLayerIdleHoldsNoBuffer(t *testing.T) {
+	s := newTestSecret(t)
+	w := &recordConn{out: s.keys(t)}
+	var wire []byte
+	for range 3 {
+		wire = w.seal(wire, recordTypeAppData, make([]byte, maxPlaintext))
+	}
+	c := memRecordConn(t, s, nil)
+	probe := &probeConn{c: c, data: wire}
+	c.raw = probe
+	if _, err := io.ReadFull(c, make([]byte, 3*maxPlaintext)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Read(make([]byte, 10)); err != io.EOF {
+		t.Fatalf("Read at the end = %v, want io.EOF", err)
+	}
+	if probe.held {
+		t.Fatal("a read buffer was held while waiting for the next record")
+	}
+	if c.rbuf != nil {
+		t.Fatal("a read buffer is held after the connection ended")
+	}
+}

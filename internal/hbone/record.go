@@ -18,10 +18,11 @@ import (
 // crypto/tls seals each record into its own buffer, which batchConn then
 // copies into a gather buffer, and it opens records one socket read of
 // ~23 KB at a time, copying each into the caller's buffer. Here a Write
-// seals every record straight into the gather buffer, and a Read takes all
-// the socket has (up to recordBufSize) and opens each record straight into
-// the caller's buffer when it fits: one copy less on each side and a
-// quarter of the read syscalls. (measured: bench/README.md)
+// seals every record from the caller's bytes straight into the gather
+// buffer, and a Read takes all the socket has (up to recordBufSize) and
+// opens each record straight into the caller's buffer when it fits: one
+// copy less on each side, and the receiving ztunnel makes half the
+// read/write syscalls per GB (bench/README.md has the measurements).
 //
 // What arrives besides application data: close_notify ends the stream
 // (io.EOF), other alerts are errors, NewSessionTicket is ignored, KeyUpdate

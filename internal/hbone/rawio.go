@@ -99,26 +99,13 @@ const pollOut = 0x4 // POLLOUT
 
 var zeroTimeout syscall.Timespec
 
-// pollNow asks the kernel, without waiting, which of events fd has; ok
-// is false when ppoll failed.
-func pollNow(fd uintptr, events int16) (revents int16, ok bool) {
-	p := pollFd{fd: int32(fd), events: events}
-	n, _, e := syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&p)), 1, uintptr(unsafe.Pointer(&zeroTimeout)), 0, 0, 0)
-	if e != 0 {
-		return 0, false
-	}
-	if n != 1 {
-		return 0, true
-	}
-	return p.revent, true
-}
-
-// doPoll asks whether fd is writable: for TCP, at least a third of the
-// send buffer free (and the unsent bytes below TCP_NOTSENT_LOWAT when
-// that is set).
+// doPoll asks the kernel, without waiting, whether fd is writable: for
+// TCP, at least a third of the send buffer free (and the unsent bytes
+// below TCP_NOTSENT_LOWAT when that is set).
 func (r *rawIO) doPoll(fd uintptr) {
-	rev, _ := pollNow(fd, pollOut)
-	r.room = rev&pollOut != 0
+	p := pollFd{fd: int32(fd), events: pollOut}
+	n, _, e := syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&p)), 1, uintptr(unsafe.Pointer(&zeroTimeout)), 0, 0, 0)
+	r.room = e == 0 && n == 1 && p.revent&pollOut != 0
 }
 
 // roomNow reports whether a small write would be taken at once. It may

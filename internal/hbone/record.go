@@ -381,15 +381,11 @@ func (c *recordConn) fill() {
 	}
 }
 
-// doRead is the callback of fill's RawConn.Read. With nothing buffered it
-// first asks whether the socket is readable, so that a connection waiting
-// for data holds no buffer; when it is not, returning false parks the
-// goroutine in the poller, which wakes it on the next data (edge
-// triggered: data that came after the check is reported too).
+// doRead is the callback of fill's RawConn.Read. It reads into a pooled
+// buffer and, when the socket has nothing (EAGAIN) and nothing is
+// buffered, gives the buffer back before the poller parks the goroutine,
+// so a connection waiting for data holds none.
 func (c *recordConn) doRead(fd uintptr) bool {
-	if c.rbuf == nil && !readable(fd) {
-		return false
-	}
 	n, e := rawRead(fd, c.makeRoom())
 	if e == syscall.EAGAIN {
 		c.releaseRead()
@@ -397,15 +393,6 @@ func (c *recordConn) doRead(fd uintptr) bool {
 	}
 	c.rn, c.rerrno = n, e
 	return true
-}
-
-const pollIn = 0x1 // POLLIN
-
-// readable reports, without waiting, whether fd has data, an error or
-// EOF (or ppoll failed: the read then tells).
-func readable(fd uintptr) bool {
-	rev, ok := pollNow(fd, pollIn)
-	return !ok || rev != 0
 }
 
 // Write seals p into records in one gather buffer and writes it with one

@@ -88,19 +88,26 @@ func exchange(t *testing.T, w io.Writer, r io.Reader, size, buf int) {
 	}
 }
 
-// Our client against crypto/tls's server, which sends a session ticket
-// right after the handshake (sealed under the application keys) and a
-// close_notify when it closes: both are records our layer must take.
-func TestRecordLayerClientWithCryptoTLS(t *testing.T) {
+// cryptoTLSServer runs crypto/tls's server (no client certificate asked)
+// on one end of a TCP pair and returns the other end with a client config
+// that offers resumption: that is what makes crypto/tls's server send a
+// session ticket right after the handshake, sealed under the application
+// keys, which the client's record layer must then take.
+func cryptoTLSServer(t *testing.T) (net.Conn, *tls.Config, <-chan *tls.Conn) {
 	ca := newTestCA(t)
 	a, b := tcpPair(t)
 	scfg := ca.serverConfig(t, "ns", "server")
 	scfg.ClientAuth = tls.NoClientCert
-	ref := referenceTLS(t, b, false, scfg)
 	ccfg := ca.clientConfig(t, "", "")
-	// A client with a session cache offers resumption, which is what
-	// makes crypto/tls's server send a ticket.
 	ccfg.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+	return a, ccfg, referenceTLS(t, b, false, scfg)
+}
+
+// Our client against crypto/tls's server, which sends a session ticket
+// right after the handshake and a close_notify when it closes: both are
+// records our layer must take.
+func TestRecordLayerClientWithCryptoTLS(t *testing.T) {
+	a, ccfg, ref := cryptoTLSServer(t)
 	ours := asRecordConn(t, recordHandshake(t, a, true, ccfg))
 	srv := <-ref
 	if srv == nil {
@@ -155,12 +162,8 @@ func TestRecordLayerKeyUpdate(t *testing.T) {
 	keyUpdateRecords = 5
 	defer func() { keyUpdateRecords = old }()
 
-	ca := newTestCA(t)
-	a, b := tcpPair(t)
-	scfg := ca.serverConfig(t, "ns", "server")
-	scfg.ClientAuth = tls.NoClientCert
-	ref := referenceTLS(t, b, false, scfg)
-	ours := asRecordConn(t, recordHandshake(t, a, true, ca.clientConfig(t, "", "")))
+	a, ccfg, ref := cryptoTLSServer(t)
+	ours := asRecordConn(t, recordHandshake(t, a, true, ccfg))
 	srv := <-ref
 	if srv == nil {
 		t.FailNow()
@@ -379,13 +382,7 @@ func innerErr(inner []byte) error {
 // simulated by withholding the secrets), crypto/tls carries the
 // connection on from where the handshake's bounded reads stopped.
 func TestRecordLayerFallsBackToCryptoTLS(t *testing.T) {
-	ca := newTestCA(t)
-	a, b := tcpPair(t)
-	scfg := ca.serverConfig(t, "ns", "server")
-	scfg.ClientAuth = tls.NoClientCert
-	ref := referenceTLS(t, b, false, scfg)
-	ccfg := ca.clientConfig(t, "", "")
-	ccfg.ClientSessionCache = tls.NewLRUClientSessionCache(1) // a ticket follows the handshake
+	a, ccfg, ref := cryptoTLSServer(t)
 	bt := newBatchTLS(a, true, tlsForHBONE(ccfg))
 	if err := bt.Handshake(); err != nil {
 		t.Fatal(err)

@@ -184,7 +184,7 @@ func newRawNetConn(c net.Conn) net.Conn {
 func (c *rawNetConn) Read(p []byte) (int, error) {
 	n, err := c.io.read(p)
 	if err != nil && err != io.EOF {
-		err = &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+		err = opError("read", c, err)
 	}
 	return n, err
 }
@@ -192,7 +192,13 @@ func (c *rawNetConn) Read(p []byte) (int, error) {
 func (c *rawNetConn) Write(p []byte) (int, error) {
 	n, err := c.io.write(p, true)
 	if err != nil {
-		err = &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+		err = opError("write", c, err)
 	}
 	return n, err
+}
+
+// opError wraps err from a raw read or write on c as net.TCPConn's
+// methods report it.
+func opError(op string, c net.Conn, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }

@@ -361,7 +361,7 @@ func (c *recordConn) fill() {
 			err = io.EOF
 		}
 		if err != nil && err != io.EOF {
-			err = &net.OpError{Op: "read", Net: "tcp", Source: c.raw.LocalAddr(), Addr: c.raw.RemoteAddr(), Err: err}
+			err = opError("read", c.raw, err)
 		}
 	}
 	c.rhi += n
@@ -504,7 +504,7 @@ func (c *recordConn) flush(b []byte) error {
 		return err
 	}
 	if _, err := c.io.write(b, true); err != nil {
-		return &net.OpError{Op: "write", Net: "tcp", Source: c.raw.LocalAddr(), Addr: c.raw.RemoteAddr(), Err: err}
+		return opError("write", c.raw, err)
 	}
 	return nil
 }

@@ -216,12 +216,13 @@ func TestFaultSoak(t *testing.T) {
 	// for reuse, and go back to the kernel at the scavenger's pace. Through
 	// the raw figure the trend still read +8.7 % to +13.5 % with the live
 	// heap flat (2026-12-03, fourth session). And the line goes through
-	// each 10 s window's lowest sample, not every sample: what is left of
-	// the wander are spikes of 1.5-3 MiB above a flat floor (the moments
-	// before the scavenger returns pages), a third of the samples, and a
-	// line through all of them rose 10.4 % over a floor that did not move
-	// (2026-12-07: 7.31 MiB lowest in the first window, 7.25 in the last).
-	// A leak raises the floor: everything collected comes back to it.
+	// each 10 s window's lower quartile, not every sample: what is left of
+	// the wander are spikes of 1.5-3 MiB in up to half of a window's
+	// samples, and single dips of ~1 MiB. Through every sample a soak with
+	// nothing leaking rose 10.4 % (spikes late); through each window's
+	// lowest sample another rose 12.1 % (dips early). A leak moves the
+	// whole window, its lower quartile with it (TestWindowQuartiles keeps
+	// both soaks' samples, 2026-12-07).
 	time.Sleep(warmup)
 	var at, rssAt []float64
 	var series []string
@@ -239,8 +240,8 @@ func TestFaultSoak(t *testing.T) {
 		last = s
 		time.Sleep(time.Second)
 	}
-	floorAt, floor := windowFloors(at, rssAt, 10)
-	slope, start := lineFit(floorAt, floor)
+	qAt, q := windowQuartiles(at, rssAt, 10)
+	slope, start := lineFit(qAt, q)
 	rise := slope * soak.Seconds()
 	close(stop)
 	wg.Wait()
@@ -259,8 +260,8 @@ func TestFaultSoak(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if rise > 0.10*start {
-		t.Errorf("anonymous RSS less retained free heap: its floor's trend rose %.2f MiB over the %v soak from %.2f MiB (> 10 %%): floors of 10 s %v, %d samples %v",
-			rise, soak, start, floor, len(rssAt), rssAt)
+		t.Errorf("anonymous RSS less retained free heap: the trend of its 10 s lower quartiles rose %.2f MiB over the %v soak from %.2f MiB (> 10 %%): quartiles %v, %d samples %v",
+			rise, soak, start, q, len(rssAt), rssAt)
 	}
 	if reqFailed.Load() > 0 || bulkFailed.Load() > 0 {
 		t.Errorf("%d request and %d bulk failures; first: %v", reqFailed.Load(), bulkFailed.Load(), firstErr.Load())
@@ -268,7 +269,7 @@ func TestFaultSoak(t *testing.T) {
 	t.Logf("fault soak: %v: bulk=%d MiB requests=%d (1 KiB each way) conns=%d pods_cycled=%d failures=%d",
 		warmup+soak, bulkBytes.Load()>>20, requests.Load(), connsMade.Load(), podsCycled.Load(), reqFailed.Load()+bulkFailed.Load())
 	t.Logf("fault soak: rss_anon/retained free heap/live heap every 10 s after warm-up: %v MiB", series)
-	t.Logf("fault soak: rss_anon less retained, its floor's trend over the soak %.2f → %.2f MiB (%+.1f%%; first/last sample %.1f/%.1f); idle before→after: fds %d→%d goroutines %v→%v hbone_conns %v→%v",
+	t.Logf("fault soak: rss_anon less retained, trend of its 10 s lower quartiles over the soak %.2f → %.2f MiB (%+.1f%%; first/last sample %.1f/%.1f); idle before→after: fds %d→%d goroutines %v→%v hbone_conns %v→%v",
 		start, start+rise, 100*rise/start, first.rss-first.retained, last.rss-last.retained, idle0.fds, idle.fds, idle0.goroutines, idle.goroutines, idle0.hbc, idle.hbc)
 }
 
@@ -291,59 +292,82 @@ func lineFit(xs, ys []float64) (slope, intercept float64) {
 	return slope, (sy - slope*sx) / n
 }
 
-// windowFloors splits the samples (ys at times xs, in order) into
-// windows of n and returns each window's lowest sample and its time; a
-// last window of fewer than n/2 samples joins the one before.
-func windowFloors(xs, ys []float64, n int) (at, floor []float64) {
+// windowQuartiles splits the samples (ys at times xs, in order) into
+// windows of n and returns each window's mean time and lower quartile (the
+// sample a quarter of the way up, nearest rank); a last window of fewer
+// than n/2 samples joins the one before.
+func windowQuartiles(xs, ys []float64, n int) (at, q []float64) {
 	for i := 0; i < len(ys); {
 		j := min(i+n, len(ys))
 		if len(ys)-j < n/2 {
 			j = len(ys)
 		}
-		k := i
-		for m := i; m < j; m++ {
-			if ys[m] < ys[k] {
-				k = m
-			}
+		w := slices.Clone(ys[i:j])
+		slices.Sort(w)
+		var t float64
+		for _, x := range xs[i:j] {
+			t += x
 		}
-		at, floor = append(at, xs[k]), append(floor, ys[k])
+		at, q = append(at, t/float64(j-i)), append(q, w[(len(w)-1)/4])
 		i = j
 	}
-	return at, floor
+	return at, q
 }
 
-func TestWindowFloors(t *testing.T) {
+func TestWindowQuartiles(t *testing.T) {
 	xs := []float64{0, 1, 2, 3, 4, 5, 6, 7}
-	// A flat floor of 7 with spikes, then a rise of the floor to 8.
 	ys := []float64{9.5, 7, 9, 7.2, 10, 8, 9.7, 8.1}
-	at, fl := windowFloors(xs, ys, 3)
-	// Windows [0,3) [3,6) and [6,8): the last has 2 ≥ 3/2 samples.
-	if !slices.Equal(at, []float64{1, 3, 7}) || !slices.Equal(fl, []float64{7, 7.2, 8.1}) {
-		t.Fatalf("windowFloors = %v, %v", at, fl)
+	// Windows [0,4) and [4,8): sorted {7, 7.2, 9, 9.5} and {8, 8.1, 9.7, 10}.
+	at, q := windowQuartiles(xs, ys, 4)
+	if !slices.Equal(at, []float64{1.5, 5.5}) || !slices.Equal(q, []float64{7, 8}) {
+		t.Fatalf("windowQuartiles = %v, %v", at, q)
 	}
-	at, fl = windowFloors(xs, ys, 4)
-	if !slices.Equal(at, []float64{1, 5}) || !slices.Equal(fl, []float64{7, 8}) {
-		t.Fatalf("windowFloors(4) = %v, %v", at, fl)
+	// A short tail joins the window before: [0,5) sorted {7, 7.2, 9, 9.5, 10}.
+	at, q = windowQuartiles(xs[:5], ys[:5], 4)
+	if !slices.Equal(at, []float64{2}) || !slices.Equal(q, []float64{7.2}) {
+		t.Fatalf("windowQuartiles(tail) = %v, %v", at, q)
 	}
-	// A short tail joins the window before.
-	at, fl = windowFloors(xs[:5], ys[:5], 4)
-	if !slices.Equal(at, []float64{1}) || !slices.Equal(fl, []float64{7}) {
-		t.Fatalf("windowFloors(tail) = %v, %v", at, fl)
-	}
-	// The soak that failed on 2026-12-07 with a line through every sample
-	// (+10.4 %): its floors' line stays flat.
-	soak := []float64{7.60, 7.31, 9.83, 7.42, 7.51, 7.55, 7.54, 9.70, 7.47, 8.16, 7.35, 7.03, 7.38, 7.44, 9.46, 7.55, 7.80, 7.49, 9.42, 9.57,
+
+	// Two soaks of 2026-12-07 with nothing leaking (the live heap, fds,
+	// goroutines and connections flat): spikes late in the first, dips
+	// early in the second.
+	spikes := []float64{7.60, 7.31, 9.83, 7.42, 7.51, 7.55, 7.54, 9.70, 7.47, 8.16, 7.35, 7.03, 7.38, 7.44, 9.46, 7.55, 7.80, 7.49, 9.42, 9.57,
 		9.12, 8.74, 6.36, 7.30, 7.20, 7.71, 8.80, 9.56, 7.52, 7.16, 7.29, 7.32, 9.80, 9.78, 10.43, 7.25, 8.39, 9.68, 7.41, 8.95}
-	ts := make([]float64, len(soak))
+	dips := []float64{7.78, 7.54, 7.37, 7.75, 7.84, 7.88, 7.32, 7.18, 6.80, 7.64, 7.64, 7.50, 6.52, 7.66, 7.67, 7.51, 7.26, 7.39, 7.52, 7.84,
+		7.24, 7.21, 7.44, 7.61, 7.87, 7.75, 7.89, 7.82, 6.84, 7.42, 7.34, 7.52, 7.35, 7.55, 7.51, 7.30, 7.39, 7.60, 7.70, 7.74}
+	ts := make([]float64, 40)
 	for i := range ts {
 		ts[i] = float64(i)
 	}
-	slope, start := lineFit(windowFloors(ts, soak, 10))
-	if rise := slope * 40; rise > 0.10*start {
-		t.Fatalf("the 2026-12-07 soak's floors rose %.2f from %.2f", rise, start)
+	rise := func(ys []float64) float64 {
+		slope, start := lineFit(windowQuartiles(ts, ys, 10))
+		return slope * 40 / start
 	}
-	if slope, start := lineFit(ts, soak); slope*40 <= 0.10*start {
-		t.Fatalf("a line through every sample of that soak should have risen over 10 %%: %.2f from %.2f", slope*40, start)
+	for name, ys := range map[string][]float64{"spikes": spikes, "dips": dips} {
+		if r := rise(ys); r > 0.10 {
+			t.Errorf("%s: nothing leaked, the trend rose %.1f %%", name, 100*r)
+		}
+		// The same soak with a leak of 30 KiB a second (1.2 MiB, ~16 %).
+		leak := slices.Clone(ys)
+		for i := range leak {
+			leak[i] += 0.03 * ts[i]
+		}
+		if r := rise(leak); r <= 0.10 {
+			t.Errorf("%s with a leak of 1.2 MiB: the trend rose only %.1f %%", name, 100*r)
+		}
+	}
+	// What the earlier statistics read on them: a line through every
+	// sample (spikes), through each window's lowest sample (dips).
+	if slope, start := lineFit(ts, spikes); slope*40 <= 0.10*start {
+		t.Errorf("through every sample the spiky soak should rise over 10 %%: %.2f from %.2f", slope*40, start)
+	}
+	minAt, mins := []float64{}, []float64{}
+	for i := 0; i < 40; i += 10 {
+		k := i + slices.Index(dips[i:i+10], slices.Min(dips[i:i+10]))
+		minAt, mins = append(minAt, ts[k]), append(mins, dips[k])
+	}
+	if slope, start := lineFit(minAt, mins); slope*40 <= 0.10*start {
+		t.Errorf("through the windows' lowest samples the dipping soak should rise over 10 %%: %.2f from %.2f", slope*40, start)
 	}
 }
 

@@ -156,29 +156,17 @@ func checkResultsJSON(t *testing.T, b []byte) {
 		t.Fatal(err)
 	}
 	machine, _ := doc["machine"].(map[string]any)
-	for _, k := range []string{"cpu_model", "cores", "kernel", "go_version", "busy", "load_start", "harness_lag_start_us"} {
-		if _, ok := machine[k]; !ok {
-			t.Errorf("machine lacks %q", k)
-		}
-	}
+	requireKeys(t, "machine", machine, "cpu_model", "cores", "kernel", "go_version", "busy", "load_start", "harness_lag_start_us")
 	scs, _ := doc["scenarios"].([]any)
 	if len(scs) == 0 {
 		t.Fatal("no scenarios")
 	}
 	for _, s := range scs {
 		sc := s.(map[string]any)
-		for _, k := range []string{"name", "throughput_gbps_1stream", "throughput_gbps_8streams", "latency_us",
-			"conn_per_s", "cpu_vcpu_per_1000rps", "rss_mb", "bytes_per_idle_conn", "hol_p99_ratio", "hol_slow_reader_p99_ratio"} {
-			if _, ok := sc[k]; !ok {
-				t.Errorf("scenario lacks %q", k)
-			}
-		}
+		requireKeys(t, "scenario", sc, "name", "throughput_gbps_1stream", "throughput_gbps_8streams", "latency_us",
+			"conn_per_s", "cpu_vcpu_per_1000rps", "rss_mb", "bytes_per_idle_conn", "hol_p99_ratio", "hol_slow_reader_p99_ratio")
 		lat, _ := sc["latency_us"].(map[string]any)
-		for _, k := range []string{"p50", "p90", "p99", "p999"} {
-			if _, ok := lat[k]; !ok {
-				t.Errorf("latency_us lacks %q", k)
-			}
-		}
+		requireKeys(t, "latency_us", lat, "p50", "p90", "p99", "p999")
 	}
 	tgs, _ := doc["targets"].([]any)
 	if len(tgs) == 0 {
@@ -186,13 +174,20 @@ func checkResultsJSON(t *testing.T, b []byte) {
 	}
 	for _, x := range tgs {
 		tg := x.(map[string]any)
-		for _, k := range []string{"name", "value", "goal", "met"} {
-			if _, ok := tg[k]; !ok {
-				t.Errorf("target lacks %q", k)
-			}
-		}
+		requireKeys(t, "target", tg, "name", "value", "goal", "met")
 		if _, ok := tg["met"].(bool); !ok {
 			t.Errorf("target met is %T, want bool", tg["met"])
+		}
+	}
+}
+
+// requireKeys reports each of keys that the JSON object m (named what)
+// lacks.
+func requireKeys(t *testing.T, what string, m map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s lacks %q", what, k)
 		}
 	}
 }

@@ -1,10 +1,11 @@
 package main
 
 import (
-	"crypto/aes"
 	"crypto/cipher"
 	"errors"
 	"fmt"
+
+	"github.com/ztunnel-go/ztunnel/internal/aesgcm"
 )
 
 // The sealed-relay-pair scenario is relay-pair with the leg between the
@@ -12,10 +13,12 @@ import (
 // most 16 KiB, each with a 5-byte header (its additional data) and a
 // 16-byte AES-128-GCM tag, the nonce the IV XOR the record's sequence
 // number, one key per direction — the cipher suite crypto/tls picks on this
-// CPU, through the same AES-GCM code. No handshake, HTTP/2 or anything
-// else. It answers what the bare relays cannot: whether a target is out of
-// reach for any proxy that encrypts its traffic with Go's AES-GCM on this
-// machine, or only for ztunnel.
+// CPU, through the AES-GCM code ztunnel's record layer uses (package
+// aesgcm: VAES assembly where the CPU has it, Go's crypto/cipher
+// elsewhere). No handshake, HTTP/2 or anything else. It answers what the
+// bare relays cannot: whether a target is out of reach for any proxy that
+// encrypts its traffic with that AES-GCM on this machine, or only for
+// ztunnel.
 //
 // The keys are fixed and public: the yardstick measures the cost of
 // sealing, not secrecy.
@@ -50,11 +53,7 @@ type sealDir struct {
 }
 
 func newSealDir(i int) (sealDir, error) {
-	b, err := aes.NewCipher(sealKeys[i].key)
-	if err != nil {
-		return sealDir{}, err
-	}
-	g, err := cipher.NewGCM(b)
+	g, err := aesgcm.New(sealKeys[i].key)
 	if err != nil {
 		return sealDir{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ztunnel-go/ztunnel/internal/admin"
+	"github.com/ztunnel-go/ztunnel/internal/aesgcm"
 	"github.com/ztunnel-go/ztunnel/internal/config"
 	"github.com/ztunnel-go/ztunnel/internal/dns"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
@@ -112,7 +113,8 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	a.runCtx, a.runCancel = context.WithCancel(context.Background())
 	a.setup = workers.New(a.runCtx, keptSetupWorkers)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.log.Info("starting", "version", buildVersion(), "mode", cfg.ProxyMode, "node", cfg.NodeName)
+	aesgcm.UseAssembly(cfg.AESGCMAssembly)
+	a.log.Info("starting", "version", buildVersion(), "mode", cfg.ProxyMode, "node", cfg.NodeName, "aesGcmAssembly", aesgcm.Accelerated())
 	fail := func(err error) (*app, error) {
 		a.shutdownNow()
 		return nil, err
@@ -346,6 +348,7 @@ func configDump(c *config.Config) map[string]any {
 		"windowSize":               c.StreamWindowSize,
 		"connectionWindowSize":     c.ConnWindowSize,
 		"frameSize":                c.FrameSize,
+		"aesGcmAssembly":           aesgcm.Accelerated(),
 		"secretTtl":                c.SecretTTL.String(),
 		"selfTerminationDeadline":  c.TerminationDeadline.String(),
 		"adminAddr":                c.AdminAddr,

@@ -133,6 +133,11 @@ type Config struct {
 	// of the logical CPUs); 0 when unset, meaning upstream's default of 2.
 	WorkerThreads int
 
+	// AESGCMAssembly: HBONE records are sealed with package aesgcm's
+	// VAES/AVX-512 assembly where the CPU has it (ZTUNNEL_AES_GCM=auto,
+	// the default) or always with Go's crypto/cipher (ZTUNNEL_AES_GCM=go).
+	AESGCMAssembly bool
+
 	PoolMaxStreamsPerConn int
 	PoolUnusedRelease     time.Duration
 	StreamWindowSize      uint32
@@ -238,6 +243,7 @@ func Parse(environ []string) (*Config, error) {
 	c.SelfServiceAccount = p.str("SERVICE_ACCOUNT", "")
 
 	c.WorkerThreads = p.workerThreads()
+	c.AESGCMAssembly = p.oneOf("ZTUNNEL_AES_GCM", "auto", "auto", "go") == "auto"
 	c.PoolMaxStreamsPerConn = int(p.uint("POOL_MAX_STREAMS_PER_CONNECTION", defaultPoolMaxStreams, 1, 1<<16-1))
 	c.PoolUnusedRelease = p.duration("POOL_UNUSED_RELEASE_TIMEOUT", defaultPoolIdle)
 	c.StreamWindowSize = uint32(p.uint("HTTP2_STREAM_WINDOW_SIZE", defaultStreamWindow, 1<<16-1, 1<<31-1))

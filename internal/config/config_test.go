@@ -29,6 +29,7 @@ func TestDefaults(t *testing.T) {
 		{"StreamWindowSize", c.StreamWindowSize, uint32(4 << 20)},
 		{"ConnWindowSize", c.ConnWindowSize, uint32(16 << 20)},
 		{"FrameSize", c.FrameSize, uint32(1 << 20)},
+		{"AESGCMAssembly", c.AESGCMAssembly, true},
 		{"TerminationDeadline", c.TerminationDeadline, 5 * time.Second},
 		{"AdminAddr", c.AdminAddr, "127.0.0.1:15000"},
 		{"StatsAddr", c.StatsAddr, "[::]:15020"},
@@ -58,6 +59,7 @@ func TestValues(t *testing.T) {
 		"XDS_ROOT_CA=SYSTEM",
 		"LOCAL_XDS_PATH=/tmp/x.yaml",
 		"KUBERNETES_SERVICE_HOST=10.0.0.1",
+		"ZTUNNEL_AES_GCM=go",
 		"ISTIO_META_CLUSTER_ID=c2",
 		"ISTIO_META_FOO=bar",
 		"XDS_HEADER_X_A=1",
@@ -86,6 +88,9 @@ func TestValues(t *testing.T) {
 	}
 	if c.TerminationDeadline != 25*time.Second || c.PoolUnusedRelease != 90*time.Second || c.PoolMaxStreamsPerConn != 7 {
 		t.Errorf("deadline/idle/streams = %v %v %d", c.TerminationDeadline, c.PoolUnusedRelease, c.PoolMaxStreamsPerConn)
+	}
+	if c.AESGCMAssembly {
+		t.Error("ZTUNNEL_AES_GCM=go left AESGCMAssembly on")
 	}
 	if c.AuthToken.Static != "static-token" {
 		t.Errorf("AuthToken = %+v", c.AuthToken)
@@ -117,6 +122,7 @@ func TestBadValues(t *testing.T) {
 		{"max streams text", []string{"POOL_MAX_STREAMS_PER_CONNECTION=many"}, `config: POOL_MAX_STREAMS_PER_CONNECTION="many": must be an integer from 1 to 65535`},
 		{"worker threads zero", []string{"ZTUNNEL_WORKER_THREADS=0"}, `config: ZTUNNEL_WORKER_THREADS="0": must be an integer of at least 1 or a percentage such as 50%`},
 		{"worker threads percent", []string{"ZTUNNEL_WORKER_THREADS=150%"}, `config: ZTUNNEL_WORKER_THREADS="150%": a percentage must be above 0 and at most 100`},
+		{"aes gcm", []string{"ZTUNNEL_AES_GCM=off"}, `config: ZTUNNEL_AES_GCM="off": must be one of auto, go`},
 		{"cpu limit", []string{"ZTUNNEL_WORKER_THREADS=50%", "ZTUNNEL_CPU_LIMIT=none"}, `config: ZTUNNEL_CPU_LIMIT="none": must be an integer from 1 to 65536`},
 		{"idle timeout", []string{"POOL_UNUSED_RELEASE_TIMEOUT=-1s"}, `config: POOL_UNUSED_RELEASE_TIMEOUT="-1s": must be a positive duration such as "30s" or "5m"`},
 		{"grace period", []string{"TERMINATION_GRACE_PERIOD_SECONDS=soon"}, `config: TERMINATION_GRACE_PERIOD_SECONDS="soon": must be a whole number of seconds`},

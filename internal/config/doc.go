@@ -25,5 +25,7 @@
 // the built-in CA), DNS_RESOLV_CONF (the resolvers the DNS proxy forwards
 // names outside the mesh to; default /etc/resolv.conf), ADMIN_ADDR, STATS_ADDR, READINESS_ADDR (listen
 // addresses; defaults 127.0.0.1:15000, [::]:15020, [::]:15021), LOG_LEVEL,
-// LOG_FORMAT.
+// LOG_FORMAT, ZTUNNEL_AES_GCM (auto, the default: HBONE records sealed with
+// package aesgcm's VAES assembly where the CPU has it; go: Go's AES-GCM
+// always).
 package config

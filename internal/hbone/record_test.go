@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/ztunnel-go/ztunnel/internal/aesgcm"
 )
 
 // recordHandshake runs our side of a handshake over c (as newBatchTLS's
@@ -287,9 +289,30 @@ type discardConn struct{ net.Conn }
 
 func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
 
+// aesImpls runs a record benchmark with package aesgcm's assembly (where
+// the CPU has it) and with Go's AES-GCM.
+func aesImpls(b *testing.B, f func(b *testing.B)) {
+	for _, asm := range []bool{true, false} {
+		name := "aes=go"
+		if asm {
+			if !aesgcm.Accelerated() {
+				continue
+			}
+			name = "aes=asm"
+		}
+		b.Run(name, func(b *testing.B) {
+			aesgcm.UseAssembly(asm)
+			b.Cleanup(func() { aesgcm.UseAssembly(true) })
+			f(b)
+		})
+	}
+}
+
 // BenchmarkRecordWrite seals one maximum-size DATA frame (header and
 // payload) per op, without a socket: the record layer's own cost.
-func BenchmarkRecordWrite(b *testing.B) {
+func BenchmarkRecordWrite(b *testing.B) { aesImpls(b, benchRecordWrite) }
+
+func benchRecordWrite(b *testing.B) {
 	w := &recordConn{raw: discardConn{}, out: newTestSecret(b).keys(b)}
 	frame := make([]byte, frameHeaderLen+maxFrameSize)
 	b.SetBytes(int64(len(frame)))
@@ -303,7 +326,9 @@ func BenchmarkRecordWrite(b *testing.B) {
 
 // BenchmarkRecordRead opens one maximum-size DATA frame's records per op
 // into a frame-sized buffer, as the connection's reader does.
-func BenchmarkRecordRead(b *testing.B) {
+func BenchmarkRecordRead(b *testing.B) { aesImpls(b, benchRecordRead) }
+
+func benchRecordRead(b *testing.B) {
 	s := newTestSecret(b)
 	w := &recordConn{raw: discardConn{}, out: s.keys(b)}
 	frame := make([]byte, frameHeaderLen+maxFrameSize)

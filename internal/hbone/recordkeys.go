@@ -2,7 +2,6 @@ package hbone
 
 import (
 	"bytes"
-	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
 	"crypto/sha256"
@@ -13,6 +12,8 @@ import (
 	"fmt"
 	"hash"
 	"io"
+
+	"github.com/ztunnel-go/ztunnel/internal/aesgcm"
 )
 
 // After crypto/tls has done the handshake, an HBONE connection seals and
@@ -128,11 +129,7 @@ func (k *trafficKeys) set(secret []byte) error {
 	if err != nil {
 		return err
 	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return fmt.Errorf("hbone: record layer: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
+	aead, err := aesgcm.New(key)
 	if err != nil {
 		return fmt.Errorf("hbone: record layer: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,4 +170,33 @@ func TestRoomNow(t *testing.T) {
 		}
 	}()
 	waitFor(t, "room after the peer read", rn.io.roomNow)
+}
+
+// TestPeerCloseLogged: a peer that ends the connection under open streams
+// leaves a warning saying what it sent first — a GOAWAY with an error code
+// (and its debug data), then the close with the streams still open.
+func TestPeerCloseLogged(t *testing.T) {
+	var logs bytes.Buffer
+	w := &memWire{closed: make(chan struct{})}
+	w.r = bytes.NewReader(frames(func(fr *http2.Framer) {
+		fr.WriteSettings()
+		fr.WriteGoAway(3, http2.ErrCodeEnhanceYourCalm, []byte("too_many_resets"))
+	}))
+	c := newConn(w, connOptions{client: true, log: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 2 {
+		if _, err := c.openStream(connectFields("10.0.0.1:80", nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.readLoop() // returns at the input's end: the peer's close
+	for _, want := range []string{
+		`msg="hbone: peer closed the connection with an error"`,
+		`code=ENHANCE_YOUR_CALM lastStream=3 debug=too_many_resets`,
+		`msg="hbone: peer closed the connection with streams open"`,
+		`streams=2 goAway=true goAwayLastStream=3`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
 }

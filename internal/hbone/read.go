@@ -32,6 +32,7 @@ func (c *conn) readLoop() {
 			case errors.Is(err, http2.ErrFrameTooLarge):
 				c.fatal(http2.ErrCodeFrameSize, fmt.Errorf("hbone: read frame: %w", err))
 			case errors.Is(err, io.EOF):
+				c.logPeerClose()
 				c.close(errConnClosed)
 			default:
 				if typ := recordErrorType(err); typ != "" {
@@ -55,6 +56,19 @@ func (c *conn) readLoop() {
 			return
 		}
 	}
+}
+
+// logPeerClose says, when the peer closes the connection under streams
+// still open (they fail), what it said before: a GOAWAY or nothing.
+func (c *conn) logPeerClose() {
+	c.mu.Lock()
+	open, goAway, lastID := len(c.streams), c.goAwayRecv, c.goAwayID
+	c.mu.Unlock()
+	if open == 0 {
+		return
+	}
+	c.log.Warn("hbone: peer closed the connection with streams open", "remote", c.remoteAddr().String(),
+		"streams", open, "goAway", goAway, "goAwayLastStream", lastID, "framesRead", c.readCount.Load())
 }
 
 // readFrame reads the next frame. DATA frames are read here into a pooled
@@ -285,6 +299,10 @@ func (c *conn) onGoAway(f *http2.GoAwayFrame) {
 	c.mu.Unlock()
 	if f.ErrCode != http2.ErrCodeNo {
 		c.countError("goaway_" + f.ErrCode.String())
+		// The peer found this side at fault: its streams in flight fail,
+		// and the reason is only here.
+		c.log.Warn("hbone: peer closed the connection with an error", "remote", c.remoteAddr().String(),
+			"code", f.ErrCode.String(), "lastStream", f.LastStreamID, "debug", string(f.DebugData()))
 	}
 	for _, s := range refused {
 		s.fail(errStreamRefused)

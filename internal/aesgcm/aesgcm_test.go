@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"encoding/hex"
 	"math/rand/v2"
 	"testing"
 )
@@ -90,10 +91,7 @@ func TestManyKeys(t *testing.T) {
 			if rr.IntN(2) == 0 {
 				n = rr.IntN(16400)
 			}
-			nonce, p, ad := randBytes(r, nonceSize), randBytes(r, n), randBytes(r, rr.IntN(20))
-			if got, want := asm.Seal(nil, nonce, p, ad), std.Seal(nil, nonce, p, ad); !bytes.Equal(got, want) {
-				t.Fatalf("key %d (%d bytes), len(p)=%d len(ad)=%d: sealed records differ", i, keyLen, n, len(ad))
-			}
+			compare(t, asm, std, randBytes(r, nonceSize), randBytes(r, n), randBytes(r, rr.IntN(20)))
 		}
 	}
 }
@@ -125,21 +123,9 @@ func TestKnownAnswer(t *testing.T) {
 
 func unhex(t *testing.T, s string) []byte {
 	t.Helper()
-	b := make([]byte, len(s)/2)
-	for i := range b {
-		var v byte
-		for _, c := range s[2*i : 2*i+2] {
-			v <<= 4
-			switch {
-			case c >= '0' && c <= '9':
-				v |= byte(c - '0')
-			case c >= 'a' && c <= 'f':
-				v |= byte(c - 'a' + 10)
-			default:
-				t.Fatalf("bad hex %q", s)
-			}
-		}
-		b[i] = v
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b
 }

@@ -226,7 +226,19 @@ func (c *conn) waitSettings(timeout <-chan struct{}) error {
 	case <-c.settingsc:
 		return nil
 	case <-c.done:
-		return c.err()
+		err := c.err()
+		if err != errConnClosed {
+			return err
+		}
+		// A clean close this early says little by itself; what came
+		// before it (nothing, or the peer's SETTINGS too) tells a server
+		// that dropped the connection from one that refused it later.
+		select {
+		case <-c.settingsc:
+			return fmt.Errorf("hbone: peer closed the connection right after its SETTINGS (%d frames read): %w", c.readCount.Load(), err)
+		default:
+			return fmt.Errorf("hbone: peer closed the connection before its SETTINGS (%d frames read): %w", c.readCount.Load(), err)
+		}
 	case <-timeout:
 		return errors.New("hbone: no SETTINGS from peer")
 	}

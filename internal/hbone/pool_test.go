@@ -6,10 +6,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 )
 
 // holdHandler accepts and keeps the stream until the client ends it,
@@ -360,5 +363,38 @@ func TestConnectBadAuthority(t *testing.T) {
 	}
 	if n := e.ln.accepted.Load(); n != 0 {
 		t.Errorf("bad authorities dialed %d connections", n)
+	}
+}
+
+// A server that completes the TLS handshake and then closes without a
+// word fails the dial, and the error says how far the connection got:
+// every waiter of that dial sees it, and their access log lines are all
+// a user has.
+func TestPoolPeerClosesAfterHandshake(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
+	addr := startTCP(t, func(c *net.TCPConn) {
+		sc := tls.Server(c, srvTLS)
+		if err := sc.Handshake(); err != nil {
+			return
+		}
+		// Close under the client's preface, as a server that dropped the
+		// connection before its HTTP/2 handshake would.
+		_, _ = io.ReadFull(sc, make([]byte, len(http2.ClientPreface)))
+		_ = sc.Close()
+	})
+	key := e.key
+	key.Addr = addr
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = e.pool.Connect(testCtx(t), key, "10.0.0.1:80", nil) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		var ce *ConnectError
+		if !errors.As(err, &ce) || ce.Reason != ReasonHTTP2 || !strings.Contains(err.Error(), "closed the connection before its SETTINGS") {
+			t.Errorf("stream %d: %v; want ConnectError reason %s saying the peer closed before its SETTINGS", i, err, ReasonHTTP2)
+		}
 	}
 }

@@ -91,10 +91,13 @@ type conn struct {
 
 // Errors a stream or Connect can see from the connection.
 var (
-	errConnClosed    = errors.New("hbone: connection closed")
-	errGoAway        = errors.New("hbone: connection going away")
-	errStreamRefused = errors.New("hbone: stream refused")
-	errTooManyOpen   = errors.New("hbone: peer's concurrent stream limit reached")
+	errConnClosed = errors.New("hbone: connection closed")
+	// errClosedAfterHandshake: the peer closed a new connection cleanly
+	// before it could carry a stream; nothing was sent on it.
+	errClosedAfterHandshake = errors.New("hbone: peer closed the connection")
+	errGoAway               = errors.New("hbone: connection going away")
+	errStreamRefused        = errors.New("hbone: stream refused")
+	errTooManyOpen          = errors.New("hbone: peer's concurrent stream limit reached")
 )
 
 // Frame sizes and thresholds of the implementation.
@@ -226,21 +229,25 @@ func (c *conn) waitSettings(timeout <-chan struct{}) error {
 	case <-c.settingsc:
 		return nil
 	case <-c.done:
-		err := c.err()
-		if err != errConnClosed {
-			return err
-		}
-		// A clean close this early says little by itself; what came
-		// before it (nothing, or the peer's SETTINGS too) tells a server
-		// that dropped the connection from one that refused it later.
-		select {
-		case <-c.settingsc:
-			return fmt.Errorf("hbone: peer closed the connection right after its SETTINGS (%d frames read): %w", c.readCount.Load(), err)
-		default:
-			return fmt.Errorf("hbone: peer closed the connection before its SETTINGS (%d frames read): %w", c.readCount.Load(), err)
-		}
+		return c.err()
 	case <-timeout:
 		return errors.New("hbone: no SETTINGS from peer")
+	}
+}
+
+// setupErr says how far a new connection got when err ended its setup
+// (preface, SETTINGS): a clean close by the peer this early says little by
+// itself, while whether the peer's SETTINGS came first tells a server
+// that dropped the connection from one that refused it later.
+func (c *conn) setupErr(err error) error {
+	if err != errConnClosed {
+		return err
+	}
+	select {
+	case <-c.settingsc:
+		return fmt.Errorf("%w right after its SETTINGS (%d frames read)", errClosedAfterHandshake, c.readCount.Load())
+	default:
+		return fmt.Errorf("%w before its SETTINGS (%d frames read)", errClosedAfterHandshake, c.readCount.Load())
 	}
 }
 

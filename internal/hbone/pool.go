@@ -39,7 +39,8 @@ type PoolOptions struct {
 }
 
 // maxConnectAttempts bounds how often Connect retries a CONNECT that got no
-// response (connection broke, GOAWAY, REFUSED_STREAM). Retrying is safe:
+// response (connection broke, GOAWAY, REFUSED_STREAM) or whose new
+// connection the peer closed before its first stream. Retrying is safe:
 // no payload is sent before the 200, so the server saw at most a request.
 const maxConnectAttempts = 3
 
@@ -60,6 +61,9 @@ type Pool struct {
 	// testHookClaim, if set, runs (with mu held) when a Connect waits on
 	// a dial another Connect started. Tests only.
 	testHookClaim func()
+	// testHookPreface, if set, runs on a new connection between the TLS
+	// handshake and the client preface.
+	testHookPreface func()
 
 	mu     sync.Mutex
 	keys   map[Key]*keyConns      // guarded by mu
@@ -130,7 +134,16 @@ func (p *Pool) Connect(ctx context.Context, key Key, authority string, hdr http.
 	for range maxConnectAttempts {
 		var c *poolConn
 		if c, err = p.reserve(ctx, key); err != nil {
-			return nil, err
+			// A new connection the peer closed before it carried anything
+			// (a server restarting, or one that shed it under load) is
+			// worth another dial, as a refused stream is worth another
+			// connection: nothing was sent on it, and every stream
+			// waiting on that dial would fail with it.
+			if !errors.Is(err, errClosedAfterHandshake) || ctx.Err() != nil {
+				return nil, err
+			}
+			p.log.Debug("hbone: retrying CONNECT on a new connection", "key", key.String(), "error", err)
+			continue
 		}
 		var s *Stream
 		var retry bool
@@ -148,6 +161,7 @@ func (p *Pool) Connect(ctx context.Context, key Key, authority string, hdr http.
 // reserve returns a connection for key with one stream slot reserved for
 // the caller, waiting for (or starting) a dial when none has room.
 func (p *Pool) reserve(ctx context.Context, key Key) (*poolConn, error) {
+	dead := 0 // dials that succeeded but were closed before we got a slot
 	p.mu.Lock()
 	for {
 		if p.closed || p.drain {
@@ -189,7 +203,15 @@ func (p *Pool) reserve(ctx context.Context, key Key) (*poolConn, error) {
 			p.mu.Unlock()
 			return nil, d.err
 		}
-		// The dial succeeded; loop to take a slot on it (or any other).
+		// The dial succeeded; loop to take a slot on it (or any other) —
+		// unless the peer keeps closing new connections as soon as they
+		// are up, which would otherwise be redialled without end.
+		if d.conn.h.closing() {
+			if dead++; dead >= maxConnectAttempts {
+				p.mu.Unlock()
+				return nil, &ConnectError{Reason: ReasonHTTP2, Addr: key.Addr.String(), Err: fmt.Errorf("peer closed %d new connections as soon as they were up", dead)}
+			}
+		}
 	}
 }
 
@@ -207,7 +229,7 @@ func (p *Pool) reserveLocked(kc *keyConns) *poolConn {
 			}
 			// Closed or GOAWAY: with none of our streams on it, the
 			// connection is of no use now: retire it.
-			if c.streams == 0 {
+			if c.streams == 0 && !c.retired {
 				p.retireLocked(c)
 				continue // kc.conns shifted down
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -366,23 +367,77 @@ func TestConnectBadAuthority(t *testing.T) {
 	}
 }
 
-// A server that completes the TLS handshake and then closes without a
-// word fails the dial, and the error says how far the connection got:
-// every waiter of that dial sees it, and their access log lines are all
-// a user has.
+// closeAfterHandshake serves a TLS connection as a server that drops it
+// before its HTTP/2 handshake would: the TLS handshake completes, then
+// the connection closes under the client's preface.
+func closeAfterHandshake(c net.Conn, cfg *tls.Config) {
+	sc := tls.Server(c, cfg)
+	if err := sc.Handshake(); err != nil {
+		return
+	}
+	_, _ = io.ReadFull(sc, make([]byte, len(http2.ClientPreface)))
+	_ = sc.Close()
+}
+
+// A new connection the peer closes before its SETTINGS costs the streams
+// waiting on it nothing but another dial.
+func TestPoolRetriesConnectionClosedAfterHandshake(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
+	var accepted atomic.Int64
+	addr := startTCP(t, func(c *net.TCPConn) {
+		if accepted.Add(1) == 1 {
+			closeAfterHandshake(c, srvTLS)
+			return
+		}
+		// Later connections go through to the real server.
+		up, err := net.Dial("tcp", e.ln.addr().String())
+		if err != nil {
+			return
+		}
+		go func() {
+			io.Copy(up, c)
+			up.Close()
+		}()
+		io.Copy(c, up)
+	})
+	key := e.key
+	key.Addr = addr
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := e.pool.Connect(testCtx(t), key, "10.0.0.1:80", nil)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer s.Close()
+			s.Write([]byte("x"))
+			s.CloseWrite()
+			if b, err := io.ReadAll(s); err != nil || string(b) != "x" {
+				errs[i] = fmt.Errorf("echo: %q, %v", b, err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("stream %d: %v", i, err)
+		}
+	}
+	if got := e.metric(t, "ztunnel_hbone_pool_dials_total", ReasonHTTP2); got != 1 {
+		t.Errorf("dials_total{%s} = %v, want 1 (the closed connection)", ReasonHTTP2, got)
+	}
+}
+
+// A peer that keeps closing new connections after the handshake fails
+// Connect after its retries, with an error that says how far the
+// connection got: the access log line is all a user has.
 func TestPoolPeerClosesAfterHandshake(t *testing.T) {
 	e := newEnv(t, echoHandler, envOpts{})
 	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
-	addr := startTCP(t, func(c *net.TCPConn) {
-		sc := tls.Server(c, srvTLS)
-		if err := sc.Handshake(); err != nil {
-			return
-		}
-		// Close under the client's preface, as a server that dropped the
-		// connection before its HTTP/2 handshake would.
-		_, _ = io.ReadFull(sc, make([]byte, len(http2.ClientPreface)))
-		_ = sc.Close()
-	})
+	addr := startTCP(t, func(c *net.TCPConn) { closeAfterHandshake(c, srvTLS) })
 	key := e.key
 	key.Addr = addr
 	var wg sync.WaitGroup
@@ -396,5 +451,82 @@ func TestPoolPeerClosesAfterHandshake(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Reason != ReasonHTTP2 || !strings.Contains(err.Error(), "closed the connection before its SETTINGS") {
 			t.Errorf("stream %d: %v; want ConnectError reason %s saying the peer closed before its SETTINGS", i, err, ReasonHTTP2)
 		}
+	}
+	if got := e.metric(t, "ztunnel_hbone_pool_dials_total", ReasonHTTP2); got < maxConnectAttempts {
+		t.Errorf("dials_total{%s} = %v, want at least %d (one per attempt)", ReasonHTTP2, got, maxConnectAttempts)
+	}
+}
+
+// A server may send its SETTINGS before it has read the client preface
+// (upstream's HTTP/2 server does, on the TLS handshake's heels). The
+// preface must still be the first thing the server reads: a SETTINGS ACK
+// ahead of it got the connection closed.
+func TestPoolPrefaceBeforeSettingsAck(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
+	settingsSent := make(chan struct{}, maxConnectAttempts)
+	var conns, good atomic.Int64
+	addr := startTCP(t, func(c *net.TCPConn) {
+		sc := tls.Server(c, srvTLS)
+		if err := sc.Handshake(); err != nil {
+			return
+		}
+		conns.Add(1)
+		if err := http2.NewFramer(sc, nil).WriteSettings(); err != nil {
+			return
+		}
+		settingsSent <- struct{}{}
+		pre := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(sc, pre); err == nil && string(pre) == http2.ClientPreface {
+			good.Add(1)
+		}
+		// Say nothing more: the CONNECT waits out its context.
+		_, _ = io.Copy(io.Discard, sc)
+	})
+	// Hold the preface until the server's SETTINGS have had time to
+	// arrive: a reader running by then would acknowledge them first.
+	e.pool.testHookPreface = func() {
+		select {
+		case <-settingsSent:
+			time.Sleep(50 * time.Millisecond)
+		case <-time.After(5 * time.Second):
+		}
+	}
+	key := e.key
+	key.Addr = addr
+	ctx, cancel := context.WithTimeout(testCtx(t), time.Second)
+	defer cancel()
+	_, _ = e.pool.Connect(ctx, key, "10.0.0.1:80", nil)
+	if n, g := conns.Load(), good.Load(); n == 0 || g != n {
+		t.Errorf("%d of %d connections began with the client preface; want all", g, n)
+	}
+}
+
+// A peer that answers every new connection with its SETTINGS and then
+// closes it costs a Connect a bounded number of dials, not a redial loop
+// until the caller's deadline.
+func TestPoolPeerClosesEveryConnection(t *testing.T) {
+	e := newEnv(t, echoHandler, envOpts{})
+	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
+	var conns atomic.Int64
+	addr := startTCP(t, func(c *net.TCPConn) {
+		sc := tls.Server(c, srvTLS)
+		if err := sc.Handshake(); err != nil {
+			return
+		}
+		conns.Add(1)
+		_ = http2.NewFramer(sc, nil).WriteSettings()
+		_, _ = io.ReadFull(sc, make([]byte, len(http2.ClientPreface)))
+		_ = sc.Close()
+	})
+	key := e.key
+	key.Addr = addr
+	ctx := testCtx(t)
+	_, err := e.pool.Connect(ctx, key, "10.0.0.1:80", nil)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Connect: %v (context: %v); want an error before the deadline", err, ctx.Err())
+	}
+	if n := conns.Load(); n > maxConnectAttempts*maxConnectAttempts {
+		t.Errorf("%d connections for one Connect; want at most %d", n, maxConnectAttempts*maxConnectAttempts)
 	}
 }

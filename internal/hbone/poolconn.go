@@ -67,7 +67,11 @@ func (p *Pool) dialConn(key Key, d *pendingDial) {
 			}
 		}
 	}
-	if err == nil {
+	// A connection that closed between its setup and here was retired by
+	// connClosed before it was ever linked: linking it now would leave a
+	// dead connection among kc.conns. Its claimers see it closed and dial
+	// again.
+	if err == nil && !c.retired {
 		if kc == nil {
 			kc = &keyConns{}
 			p.keys[key] = kc
@@ -130,24 +134,33 @@ func (p *Pool) newConn(key Key) (*poolConn, error) {
 		countError: p.metrics.countError,
 		onClose:    func(*conn) { p.connClosed(c) },
 	})
-	go c.h.readLoop()
-	if err := c.h.startClient(); err != nil {
-		c.h.close(err)
-		return fail(ReasonHTTP2, err)
+	if p.testHookPreface != nil {
+		p.testHookPreface()
 	}
-	// Wait for the server's SETTINGS: one round trip per new connection
-	// that buys three things: streams start with the peer's frame size and
-	// windows; the peer's MAX_CONCURRENT_STREAMS is known before coalesced
-	// waiters are assigned to the connection; and a server that refuses
-	// our certificate after a TLS 1.3 handshake (it checks after the
-	// client is done) fails the dial, not a stream.
-	if err := c.h.waitSettings(ctx.Done()); err != nil {
+	// The preface goes out before the reader starts. A server may send its
+	// SETTINGS as soon as its side of the handshake is done (upstream's
+	// does); a reader already running would answer them with a SETTINGS
+	// ACK that could reach the socket ahead of the preface, and the server
+	// closes a connection whose first bytes are not the preface.
+	err = c.h.startClient()
+	if err == nil {
+		go c.h.readLoop()
+		// Wait for the server's SETTINGS: one round trip per new
+		// connection that buys three things: streams start with the
+		// peer's frame size and windows; the peer's
+		// MAX_CONCURRENT_STREAMS is known before coalesced waiters are
+		// assigned to the connection; and a server that refuses our
+		// certificate after a TLS 1.3 handshake (it checks after the
+		// client is done) fails the dial, not a stream.
+		err = c.h.waitSettings(ctx.Done())
+	}
+	if err != nil {
 		c.h.close(err)
 		var alert tls.AlertError
 		if errors.As(err, &alert) {
 			return fail(ReasonTLSHandshake, err)
 		}
-		return fail(ReasonHTTP2, err)
+		return fail(ReasonHTTP2, c.h.setupErr(err))
 	}
 	c.h.startKeepalive()
 	if peer := c.h.maxConcurrent(); peer > 0 {

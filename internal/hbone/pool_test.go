@@ -367,14 +367,31 @@ func TestConnectBadAuthority(t *testing.T) {
 	}
 }
 
-// closeAfterHandshake serves a TLS connection as a server that drops it
-// before its HTTP/2 handshake would: the TLS handshake completes, then
-// the connection closes under the client's preface.
-func closeAfterHandshake(c net.Conn, cfg *tls.Config) {
-	sc := tls.Server(c, cfg)
-	if err := sc.Handshake(); err != nil {
-		return
+// serverTLS completes the server side of a TLS handshake on c with e's
+// server certificate; nil if it failed.
+func (e *testEnv) serverTLS(t testing.TB, c net.Conn) *tls.Conn {
+	sc := tls.Server(c, e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli")))
+	if sc.Handshake() != nil {
+		return nil
 	}
+	return sc
+}
+
+// fakePeer is a TLS server that hands each connection, once its
+// handshake is done, to serve; it returns e's key pointed at it.
+func (e *testEnv) fakePeer(t testing.TB, serve func(*tls.Conn)) Key {
+	key := e.key
+	key.Addr = startTCP(t, func(c *net.TCPConn) {
+		if sc := e.serverTLS(t, c); sc != nil {
+			serve(sc)
+		}
+	})
+	return key
+}
+
+// closeUnderPreface serves as a server that drops the connection before
+// its HTTP/2 handshake would: it closes under the client's preface.
+func closeUnderPreface(sc *tls.Conn) {
 	_, _ = io.ReadFull(sc, make([]byte, len(http2.ClientPreface)))
 	_ = sc.Close()
 }
@@ -383,11 +400,13 @@ func closeAfterHandshake(c net.Conn, cfg *tls.Config) {
 // waiting on it nothing but another dial.
 func TestPoolRetriesConnectionClosedAfterHandshake(t *testing.T) {
 	e := newEnv(t, echoHandler, envOpts{})
-	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
 	var accepted atomic.Int64
-	addr := startTCP(t, func(c *net.TCPConn) {
+	key := e.key
+	key.Addr = startTCP(t, func(c *net.TCPConn) {
 		if accepted.Add(1) == 1 {
-			closeAfterHandshake(c, srvTLS)
+			if sc := e.serverTLS(t, c); sc != nil {
+				closeUnderPreface(sc)
+			}
 			return
 		}
 		// Later connections go through to the real server.
@@ -401,8 +420,6 @@ func TestPoolRetriesConnectionClosedAfterHandshake(t *testing.T) {
 		}()
 		io.Copy(c, up)
 	})
-	key := e.key
-	key.Addr = addr
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	for i := range errs {
@@ -436,10 +453,7 @@ func TestPoolRetriesConnectionClosedAfterHandshake(t *testing.T) {
 // connection got: the access log line is all a user has.
 func TestPoolPeerClosesAfterHandshake(t *testing.T) {
 	e := newEnv(t, echoHandler, envOpts{})
-	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
-	addr := startTCP(t, func(c *net.TCPConn) { closeAfterHandshake(c, srvTLS) })
-	key := e.key
-	key.Addr = addr
+	key := e.fakePeer(t, closeUnderPreface)
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	for i := range errs {
@@ -463,14 +477,9 @@ func TestPoolPeerClosesAfterHandshake(t *testing.T) {
 // ahead of it got the connection closed.
 func TestPoolPrefaceBeforeSettingsAck(t *testing.T) {
 	e := newEnv(t, echoHandler, envOpts{})
-	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
 	settingsSent := make(chan struct{}, maxConnectAttempts)
 	var conns, good atomic.Int64
-	addr := startTCP(t, func(c *net.TCPConn) {
-		sc := tls.Server(c, srvTLS)
-		if err := sc.Handshake(); err != nil {
-			return
-		}
+	key := e.fakePeer(t, func(sc *tls.Conn) {
 		conns.Add(1)
 		if err := http2.NewFramer(sc, nil).WriteSettings(); err != nil {
 			return
@@ -492,8 +501,6 @@ func TestPoolPrefaceBeforeSettingsAck(t *testing.T) {
 		case <-time.After(5 * time.Second):
 		}
 	}
-	key := e.key
-	key.Addr = addr
 	ctx, cancel := context.WithTimeout(testCtx(t), time.Second)
 	defer cancel()
 	_, _ = e.pool.Connect(ctx, key, "10.0.0.1:80", nil)
@@ -507,20 +514,12 @@ func TestPoolPrefaceBeforeSettingsAck(t *testing.T) {
 // until the caller's deadline.
 func TestPoolPeerClosesEveryConnection(t *testing.T) {
 	e := newEnv(t, echoHandler, envOpts{})
-	srvTLS := e.ca.serverConfig(t, "server", "srv", spiffeID("client", "cli"))
 	var conns atomic.Int64
-	addr := startTCP(t, func(c *net.TCPConn) {
-		sc := tls.Server(c, srvTLS)
-		if err := sc.Handshake(); err != nil {
-			return
-		}
+	key := e.fakePeer(t, func(sc *tls.Conn) {
 		conns.Add(1)
 		_ = http2.NewFramer(sc, nil).WriteSettings()
-		_, _ = io.ReadFull(sc, make([]byte, len(http2.ClientPreface)))
-		_ = sc.Close()
+		closeUnderPreface(sc)
 	})
-	key := e.key
-	key.Addr = addr
 	ctx := testCtx(t)
 	_, err := e.pool.Connect(ctx, key, "10.0.0.1:80", nil)
 	if err == nil || ctx.Err() != nil {

@@ -63,8 +63,9 @@
 //     key log, recordkeys.go): records are sealed straight into the write's
 //     buffer and opened straight into the reader's, a read takes all the
 //     socket has; AES-GCM is package aesgcm's (VAES assembly on AVX-512
-//     CPUs, about 1.7 times Go's speed here). A suite it does not implement (ChaCha20, chosen only
-//     without AES hardware) stays on crypto/tls (batch.go);
+//     CPUs, about 1.7 times Go's speed here). A suite it does not
+//     implement (ChaCha20, chosen only without AES hardware) stays on
+//     crypto/tls (batch.go);
 //   - an idle stream holds no buffer; a proxied connection idles with one
 //     parked goroutine (Stream.CopyFrom) and none for the other direction
 //     (StartCopyTo);

@@ -58,6 +58,7 @@ type conn struct {
 	// Writer, guarded by wmu.
 	wmu      sync.Mutex
 	wcond    sync.Cond // L = &wmu: room in wbuf, or a flush ended
+	turn     sync.Cond // L = &wmu: a flush ended; wakes one large-frame writer
 	wbuf     *[]byte   // frames waiting for the flusher; nil while idle
 	spare    *[]byte   // the other half of the double buffer
 	flushing bool      // a goroutine is writing to the socket
@@ -170,6 +171,7 @@ func newConn(w wire, o connOptions) *conn {
 		c.countError = func(string) {}
 	}
 	c.wcond.L = &c.wmu
+	c.turn.L = &c.wmu
 	c.sendCond.L = &c.mu
 	c.rfr = http2.NewFramer(nil, c.br)
 	c.rfr.SetMaxReadFrameSize(maxFrameSize)
@@ -292,6 +294,7 @@ func (c *conn) close(err error) {
 		c.werr = err
 	}
 	c.wcond.Broadcast()
+	c.turn.Broadcast()
 	c.wmu.Unlock()
 
 	_ = c.w.closeNow()

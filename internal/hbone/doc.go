@@ -54,10 +54,11 @@
 //     (h2stream.onData), so a proxied request crosses no goroutine;
 //   - no writer goroutine: the goroutine that finds the writer free writes
 //     its frame itself (the reader too, for its few control frames, when
-//     the socket has room), frames of others arriving meanwhile are coalesced
-//     into its next write (at most maxPending bytes, so a bulk stream gets
-//     at most about one frame ahead of a small one), and a write goes out
-//     as one syscall for all its TLS records;
+//     the socket has room); small frames of others arriving meanwhile are
+//     coalesced into its next write (at most maxPending bytes), larger ones
+//     (bulk DATA) wait for the write to end and are written by their own
+//     goroutine, uncopied, so a bulk stream gets at most one frame ahead of
+//     a small one; a write goes out as one syscall for all its TLS records;
 //   - TLS: crypto/tls does the handshake; then the connection seals and
 //     opens its TLS 1.3 records itself (record.go, keys from crypto/tls's
 //     key log, recordkeys.go): records are sealed straight into the write's

@@ -1,0 +1,5 @@
+//go:build !race
+
+package hbone
+
+const raceEnabled = false

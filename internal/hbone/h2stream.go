@@ -160,17 +160,24 @@ func (s *h2stream) dropQueueLocked() int64 {
 }
 
 // streamCreditLocked counts n consumed bytes and returns the stream
-// WINDOW_UPDATE increment to send now, if any. Updates are batched to
-// streamUpdateEvery so small messages don't each cost a frame, and no
-// larger: the sender of a stream whose reader is slower than the path
-// sends what an update frees as one burst, and every other stream on the
-// connection queues behind it.
+// WINDOW_UPDATE increment to send now, if any. Updates are batched so
+// small messages don't each cost a frame. While the sender has less than
+// half the window left, it is (or soon may be) held by the window, and
+// would send what an update frees as one burst that every other stream
+// on the connection queues behind: then updates go out every
+// streamUpdateEvery. Otherwise — the reader keeps up — every
+// streamUpdateKeepingUp: there the updates hold nobody back and only cost
+// each side a syscall and the sender a wake-up.
 func (s *h2stream) streamCreditLocked(n int64) uint32 {
 	if n <= 0 || s.rEOF || s.rStop || s.rErr != nil {
 		return 0
 	}
 	s.recvUnacked += n
-	if s.recvUnacked < streamUpdateEvery {
+	every := int64(streamUpdateKeepingUp)
+	if s.recvWin < streamWindow/2 {
+		every = streamUpdateEvery
+	}
+	if s.recvUnacked < every {
 		return 0
 	}
 	inc := s.recvUnacked

@@ -311,3 +311,68 @@ func TestSinkBoundsUnsent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStreamWindowUpdatePolicy: a stream whose reader keeps up (its
+// sender has most of the window left) returns window in quarter-window
+// updates; one whose reader fell behind, so that its sender is down to
+// less than half the window, in streamUpdateEvery steps, so that sender
+// never bursts more than that ahead of other streams — until the window
+// has refilled.
+func TestStreamWindowUpdatePolicy(t *testing.T) {
+	const piece = 16 << 10
+	// receive takes n bytes from the peer and consumes them: the updates
+	// it returns are what the peer gets.
+	receive := func(s *h2stream, n int) (incs []uint32) {
+		s.rmu.Lock()
+		defer s.rmu.Unlock()
+		for range n / piece {
+			s.recvWin -= piece
+			if inc := s.streamCreditLocked(piece); inc > 0 {
+				incs = append(incs, inc)
+			}
+		}
+		return incs
+	}
+	all := func(incs []uint32, want uint32) bool {
+		for _, inc := range incs {
+			if inc != want {
+				return false
+			}
+		}
+		return len(incs) > 0
+	}
+
+	s := newH2Stream(nil, 1, 0)
+	if incs := receive(s, 8*streamUpdateKeepingUp); len(incs) != 8 || !all(incs, streamUpdateKeepingUp) {
+		t.Errorf("a reader that keeps up: updates %v, want 8 of %d KiB", incs, streamUpdateKeepingUp>>10)
+	}
+
+	// The reader stalls: 3 MiB arrive and wait unconsumed.
+	s.rmu.Lock()
+	s.recvWin -= 3 << 20
+	s.rmu.Unlock()
+	incs := receive(s, 1<<20)
+	if !all(incs, streamUpdateEvery) {
+		t.Errorf("a sender down to %d KiB of window: updates %v, want each %d KiB", (streamWindow-3<<20)>>10, incs, streamUpdateEvery>>10)
+	}
+	// Consumed at last, the 3 MiB refill the window in small steps, then
+	// the updates grow again.
+	s.rmu.Lock()
+	var refill []uint32
+	for range (3 << 20) / piece {
+		if inc := s.streamCreditLocked(piece); inc > 0 {
+			refill = append(refill, inc)
+		}
+	}
+	s.rmu.Unlock()
+	if len(refill) == 0 || refill[0] != streamUpdateEvery {
+		t.Errorf("draining the backlog: updates %v, want %d KiB ones first", refill, streamUpdateEvery>>10)
+	}
+	if incs := receive(s, 4*streamUpdateKeepingUp); !all(incs[1:], streamUpdateKeepingUp) {
+		t.Errorf("caught up again: updates %v, want %d KiB ones", incs, streamUpdateKeepingUp>>10)
+	}
+
+	if streamUpdateKeepingUp <= streamUpdateEvery || streamUpdateKeepingUp > streamWindow/2 {
+		t.Errorf("streamUpdateKeepingUp %d: want above streamUpdateEvery (%d) and at most half the window (%d), or a keeping-up sender stalls", streamUpdateKeepingUp, streamUpdateEvery, streamWindow/2)
+	}
+}

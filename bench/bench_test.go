@@ -128,6 +128,16 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("node%d counted %v connections, the harness made %d", z.Node, z.ConnsCounted, x.Connections)
 		}
 	}
+	// The GC report covers our ztunnels on the path, not direct or relays.
+	if g := x.GC; g == nil || g.Slow < x.Latency.Count/100 || g.SlowNearGC > g.Slow || g.NearGC > x.Latency.Count ||
+		(g.NearGC < x.Latency.Count && g.P99AwayFromGC <= 0) {
+		t.Errorf("hbone-cross-node GC report: %+v (latency %+v)", g, x.Latency)
+	}
+	for _, s := range res.Scenarios[:3] {
+		if s.GC != nil {
+			t.Errorf("%s has a GC report: %+v", s.Name, s.GC)
+		}
+	}
 	if x.HOLHBONEConns != 1 || x.HOLSlowHBONEConns != 1 {
 		t.Errorf("head-of-line phases saw %d and %d HBONE connections, want the one pooled connection", x.HOLSlowHBONEConns, x.HOLHBONEConns)
 	}

@@ -32,8 +32,11 @@
 // run with a non-zero exit. Each open-loop phase is checked against a plain
 // loop of the same operation (selfcheck.go), and the machine's load and
 // the harness's own timing precision are recorded at the start and end
-// (busy.go). See bench/README.md for the method and the meaning of each
-// figure.
+// (busy.go). Every ztunnel runs with GODEBUG=gctrace=1, so the 1000 rps
+// phase's slowest requests can be set beside the collections that ran
+// meanwhile (gctrace.go). See bench/README.md for the method and the
+// meaning of each figure.
 //
-// The harness reads no environment variables and must run as root.
+// The harness reads one environment variable, BENCH_ZTUNNEL_ENV: extra
+// environment for every ztunnel it starts. It must run as root.
 package main

@@ -20,17 +20,27 @@ import (
 // user space regardless of CONFIG_HZ).
 const clockTicks = 100
 
-// parseStatCPU returns utime+stime from the text of /proc/<pid>/stat.
-func parseStatCPU(stat string) (time.Duration, error) {
+// statFields returns the fields of /proc/<pid>/stat after the command
+// name (f[0] is field 3, state), at least n of them.
+func statFields(stat string, n int) ([]string, error) {
 	// The command name is in parentheses and may contain spaces or ')'.
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, errors.New("bench: /proc stat: no ')'")
+		return nil, errors.New("bench: /proc stat: no ')'")
 	}
 	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("bench: /proc stat: %d fields after the name, want ≥ 13", len(f))
+	if len(f) < n {
+		return nil, fmt.Errorf("bench: /proc stat: %d fields after the name, want ≥ %d", len(f), n)
+	}
+	return f, nil
+}
+
+// parseStatCPU returns utime+stime from the text of /proc/<pid>/stat.
+func parseStatCPU(stat string) (time.Duration, error) {
+	// utime and stime are fields 14 and 15.
+	f, err := statFields(stat, 13)
+	if err != nil {
+		return 0, err
 	}
 	ut, err1 := strconv.ParseUint(f[11], 10, 64)
 	st, err2 := strconv.ParseUint(f[12], 10, 64)

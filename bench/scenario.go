@@ -164,8 +164,12 @@ type ScenarioResult struct {
 	HOLSlowHBONEConns  int     `json:"hol_slow_reader_hbone_tcp_conns"`
 	HOLSlowRatio       float64 `json:"hol_slow_reader_p99_ratio"`
 	HOLSlowRatioP50    float64 `json:"hol_slow_reader_p50_ratio"`
-	HarnessLag         Latency `json:"harness_lag_us"`
-	HarnessLagNew      Latency `json:"harness_lag_new_conn_us"`
+	// GC relates the 1000 rps phase's slowest requests to the collections
+	// our ztunnels on the path ran meanwhile (gctrace.go); nil for relays
+	// and a -peer.
+	GC            *GCReport `json:"gc_1000rps,omitempty"`
+	HarnessLag    Latency   `json:"harness_lag_us"`
+	HarnessLagNew Latency   `json:"harness_lag_new_conn_us"`
 	// Plain loops of the same operations, measured just before each
 	// open-loop phase (selfcheck.go), and for direct the reasons its
 	// figures cannot be trusted (for the others: that their ratios rest on
@@ -261,6 +265,14 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		if res.LoopLatency, err = p.baselineLoop(ctx, true); err != nil {
 			return fmt.Errorf("loop (reused connection): %w", err)
 		}
+		// Our ztunnels' GC trace from here on (not a -peer's: not Go;
+		// direct has no ztunnel on its path).
+		var logOffs []int64
+		if len(d.onPath) > 0 && !d.relays && !r.peer {
+			for _, ni := range costNodes {
+				logOffs = append(logOffs, logSize(r.node(ni).LogPath))
+			}
+		}
 		lat, err := r.withCost(ctx, costNodes, pidOf, costs, func() (openLoopResult, error) {
 			return p.openLoop(ctx, r.cfg.rate, r.cfg.duration, true, latencyConns)
 		})
@@ -268,6 +280,14 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 			return fmt.Errorf("latency (reused connections): %w", err)
 		}
 		res.Latency, res.HarnessLag = lat.latency, lat.lag
+		if logOffs != nil {
+			if res.GC, err = r.gcReport(costNodes, logOffs, lat); err != nil {
+				return err
+			}
+			g := res.GC
+			r.progress("[%s] GC during the %d rps phase: %d cycles on the path (%.1f ms of wall time in all); of the %d requests at or above p99, %d were in flight within %v of one (%d of %d requests in all); p99 of the requests away from every cycle %.0fµs (all: %.0fµs)",
+				d.name, r.cfg.rate, g.Cycles, g.ClockMS, g.Slow, g.SlowNearGC, gcSlack, g.NearGC, lat.latency.Count, g.P99AwayFromGC, lat.latency.P99)
+		}
 		r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs; plain loop p50 %.0fµs); vCPU %s; RSS MiB %s",
 			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99, res.LoopLatency.P50,
 			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),

@@ -64,6 +64,7 @@ func buildMesh(ctx context.Context, cfg config, o demo.MeshOptions) (*demo.Mesh,
 	// Nothing is open when a scenario restarts the ztunnels, so a short
 	// drain bound only matters if something went wrong.
 	o.Env = append(append([]string{"TERMINATION_GRACE_PERIOD_SECONDS=2"}, o.Env...), strings.Fields(os.Getenv("BENCH_ZTUNNEL_ENV"))...)
+	o.Env = withGCTrace(o.Env)
 	m, err := demo.NewMesh(ctx, o)
 	if err != nil {
 		return nil, nil, err
@@ -159,8 +160,8 @@ func buildZtunnel(ctx context.Context, root, dir string) (string, error) {
 const logTail = 1 << 20
 
 // saveLogs copies, for a failed run, the end of every ztunnel's log and
-// every line of it above INFO (access logs at the end can push the first
-// warnings out of the tail) into dir.
+// every line of it above INFO but the GC trace's (access logs at the end
+// can push the first warnings out of the tail) into dir.
 func saveLogs(m *demo.Mesh, dir string, progress io.Writer) {
 	for _, n := range m.Nodes {
 		b, err := os.ReadFile(n.LogPath)
@@ -169,7 +170,7 @@ func saveLogs(m *demo.Mesh, dir string, progress io.Writer) {
 		}
 		var warn []byte
 		for line := range bytes.Lines(b) {
-			if !bytes.Contains(line, []byte("level=INFO")) && len(warn) < logTail {
+			if !bytes.Contains(line, []byte("level=INFO")) && !bytes.HasPrefix(line, []byte("gc ")) && len(warn) < logTail {
 				warn = append(warn, line...)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -253,7 +254,10 @@ func TestMixedSmoke(t *testing.T) {
 	if err := demo.WritePluginCA(ca); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scCrossNode, "-idle-conns", "100", "-out", t.TempDir(), "-peer", peer, "-mixed", ca})
+	// Only the phases the mixed runs' checks read: the others are
+	// TestSmoke's, and leaving them out checks -phases on three clusters.
+	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scCrossNode, "-idle-conns", "100", "-out", t.TempDir(), "-peer", peer, "-mixed", ca,
+		"-phases", phLatency + "," + phConnRate + "," + phBulk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,6 +280,17 @@ func TestMixedSmoke(t *testing.T) {
 	for _, node := range []string{"node1", "node2"} {
 		if line := node + " " + ca + " true"; !strings.Contains(string(b), line) {
 			t.Errorf("the peer never ran as %q in a mixed cluster; its starts:\n%s", line, b)
+		}
+	}
+	for _, s := range slices.Concat(res.Scenarios, res.PeerScenarios, res.MixedScenarios) {
+		if s.LatencyHOLSlow.Count != 0 || s.LatencyNewConn.Count != 0 || s.IdleConns != 0 || s.BytesPerIdleConn != 0 {
+			t.Errorf("%s [%s] ran a phase -phases left out: head-of-line %d requests, new-connection %d, %d idle connections (%.0f B each)",
+				s.Name, s.Ztunnel, s.LatencyHOLSlow.Count, s.LatencyNewConn.Count, s.IdleConns, s.BytesPerIdleConn)
+		}
+	}
+	for _, tg := range slices.Concat(res.Targets, res.PeerTargets) {
+		if tg.Name == targetHOL && tg.Note != notMeasured+": -phases left out "+phHOL {
+			t.Errorf("%s: note %q, want it not measured", tg.Name, tg.Note)
 		}
 	}
 	want := []string{"ztunnel-go→other-ztunnel", "other-ztunnel→ztunnel-go"}

@@ -5,6 +5,7 @@
 //	go run ./bench -duration 10s     # longer, steadier numbers
 //	go run ./bench -profile          # plus CPU/heap profiles of each ztunnel
 //	go run ./bench -profile-phase rps  # profiles under the CPU target's load
+//	go run ./bench -phases hol -duration 30s  # some measurements only (latency, hol, newconn, connrate, bulk, idle)
 //	go run ./bench -peer PATH        # the same scenarios with another ztunnel binary too
 //	go run ./bench -peer PATH -mixed CADIR  # plus ours and the peer on one path, both ways (interop)
 //

@@ -78,6 +78,52 @@ type config struct {
 	// holTargetPhase: the shortest slow-reader head-of-line phase of the
 	// target's scenario and direct (holTargetPhase; tests shorten it).
 	holTargetPhase time.Duration
+	phases         phaseSet // -phases: the measurements each scenario runs
+}
+
+// The measurements of a scenario, by the names -phases takes. A run
+// limited to some of them leaves the others' figures zero and their
+// targets "not measured": a minute-long head-of-line A/B need not also
+// open 10 000 idle connections.
+const (
+	phLatency  = "latency"  // 1000 rps on reused connections: added p50/p99, CPU, RSS, GC
+	phHOL      = "hol"      // 1 KiB requests beside a slow-reader, then a full-rate, bulk stream
+	phNewConn  = "newconn"  // 1000 rps, a new connection each
+	phConnRate = "connrate" // connect, 1 B round trip, close in a closed loop
+	phBulk     = "bulk"     // 1- and 8-stream throughput
+	phIdle     = "idle"     // memory per idle proxied connection
+)
+
+var allPhases = phaseSet{phLatency, phHOL, phNewConn, phConnRate, phBulk, phIdle}
+
+// phaseSet is the phases a run measures, in allPhases' order.
+type phaseSet []string
+
+func (s phaseSet) has(ph string) bool { return slices.Contains(s, ph) }
+
+// parsePhases validates -phases' comma list.
+func parsePhases(v string) (phaseSet, error) {
+	var want []string
+	for _, ph := range strings.Split(v, ",") {
+		ph = strings.TrimSpace(ph)
+		if ph == "" {
+			continue
+		}
+		if !allPhases.has(ph) {
+			return nil, fmt.Errorf("-phases: unknown %q (want some of %s)", ph, strings.Join(allPhases, ","))
+		}
+		want = append(want, ph)
+	}
+	var s phaseSet
+	for _, ph := range allPhases {
+		if slices.Contains(want, ph) {
+			s = append(s, ph)
+		}
+	}
+	if len(s) == 0 {
+		return nil, errors.New("-phases: empty")
+	}
+	return s, nil
 }
 
 func main() {
@@ -117,6 +163,7 @@ func parseFlags(args []string) (config, error) {
 	bin := fs.String("ztunnel", "", "use this ztunnel binary instead of building ./cmd/ztunnel")
 	peer := fs.String("peer", "", "also run every scenario with this other ztunnel binary (e.g. upstream's, built with --features testing) and report it beside this tree's")
 	mixed := fs.String("mixed", "", "with -peer: also run hbone-cross-node with one node this tree's ztunnel and the other the peer, both ways round (interop); the value is a plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem) holding the root the peer's FAKE_CA signs with")
+	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated measurements each scenario runs; the others' figures stay zero and their targets \"not measured\"")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -161,6 +208,9 @@ func parseFlags(args []string) (config, error) {
 		}
 	}
 	if cfg.scenarios, err = parseScenarios(*scen); err != nil {
+		return config{}, err
+	}
+	if cfg.phases, err = parsePhases(*phases); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
@@ -271,7 +321,7 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	res := &Results{
 		Machine: machineInfo(),
 		Config: RunConfig{DurationSeconds: cfg.duration.Seconds(), Quick: cfg.quick, RateRPS: cfg.rate, MessageBytes: msgSize,
-			LatencyConns: latencyConns, IdleConns: cfg.idleConns, Scenarios: cfg.scenarios},
+			LatencyConns: latencyConns, IdleConns: cfg.idleConns, Scenarios: cfg.scenarios, Phases: cfg.phases},
 		Notes: []string{
 			"Shared, noisy machine: compare ratios within one run, not absolute figures across runs.",
 			"Cost figures (cpu, rss, bytes_per_idle_conn) are the worst ztunnel on the path; for direct, idle ztunnels not on the path.",
@@ -327,7 +377,7 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	}
 	res.Notes = append(res.Notes, r.notes...)
 	flagImplausible(res.Scenarios)
-	res.Targets = targets(res.Scenarios)
+	res.Targets = targets(res.Scenarios, cfg.phases)
 	if len(res.PeerScenarios) > 0 {
 		// The peer's ratios use this run's direct, like ours.
 		d, _ := byName(res.Scenarios, scDirect)
@@ -339,7 +389,7 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 				all = append(all, y) // the same yardsticks for both
 			}
 		}
-		res.PeerTargets = targets(all)
+		res.PeerTargets = targets(all, cfg.phases)
 	}
 	markBusy(res.Targets, ml.Busy)
 	markBusy(res.PeerTargets, ml.Busy)

@@ -54,6 +54,7 @@ type RunConfig struct {
 	LatencyConns    int      `json:"latency_conns"`
 	IdleConns       int      `json:"idle_conns"`
 	Scenarios       []string `json:"scenarios"`
+	Phases          []string `json:"phases"`
 	WallSeconds     float64  `json:"wall_s"`
 }
 
@@ -112,8 +113,9 @@ func byName(rs []ScenarioResult, name string) (ScenarioResult, bool) {
 // When relay-pair or sealed-relay-pair was run, each target it can be read
 // on also carries its figure: what two bare relays reach on the same path
 // in the same run (relay.go), and the same relays sealing what passes
-// between them (relayseal.go).
-func targets(rs []ScenarioResult) []Target {
+// between them (relayseal.go). A target whose phase is not in ran is
+// not measured.
+func targets(rs []ScenarioResult, ran phaseSet) []Target {
 	x, okX := byName(rs, scCrossNode)
 	d, okD := byName(rs, scDirect)
 	yardsticks := []struct {
@@ -129,22 +131,23 @@ func targets(rs []ScenarioResult) []Target {
 	// blocking, which it does not measure).
 	goals := []struct {
 		Target
+		phase               string
 		read                func(ScenarioResult) float64
 		relative, yardstick bool
 	}{
-		{Target{Name: "hbone-cross-node throughput 1 stream / direct", Goal: 0.50, Op: ">=", Unit: "ratio"},
+		{Target{Name: "hbone-cross-node throughput 1 stream / direct", Goal: 0.50, Op: ">=", Unit: "ratio"}, phBulk,
 			func(s ScenarioResult) float64 { return safeRatio(s.Throughput1, d.Throughput1) }, true, true},
-		{Target{Name: "hbone-cross-node added p50 latency, 1000 rps 1 KiB", Goal: 100, Op: "<=", Unit: "µs"},
+		{Target{Name: "hbone-cross-node added p50 latency, 1000 rps 1 KiB", Goal: 100, Op: "<=", Unit: "µs"}, phLatency,
 			func(s ScenarioResult) float64 { return s.Latency.P50 - d.Latency.P50 }, true, true},
-		{Target{Name: targetP99, Goal: 200, Op: "<=", Unit: "µs"},
+		{Target{Name: targetP99, Goal: 200, Op: "<=", Unit: "µs"}, phLatency,
 			func(s ScenarioResult) float64 { return s.Latency.P99 - d.Latency.P99 }, true, true},
-		{Target{Name: "hbone-cross-node CPU per ztunnel at 1000 rps", Goal: 0.03, Op: "<=", Unit: "vCPU"},
+		{Target{Name: "hbone-cross-node CPU per ztunnel at 1000 rps", Goal: 0.03, Op: "<=", Unit: "vCPU"}, phLatency,
 			func(s ScenarioResult) float64 { return s.CPUVCPU }, false, true},
-		{Target{Name: targetRSS, Goal: 12, Op: "<=", Unit: "MiB"},
+		{Target{Name: targetRSS, Goal: 12, Op: "<=", Unit: "MiB"}, phLatency,
 			func(s ScenarioResult) float64 { return s.RSSMB }, false, false},
-		{Target{Name: "hbone-cross-node memory per idle proxied connection", Goal: 16 << 10, Op: "<=", Unit: "bytes"},
+		{Target{Name: "hbone-cross-node memory per idle proxied connection", Goal: 16 << 10, Op: "<=", Unit: "bytes"}, phIdle,
 			func(s ScenarioResult) float64 { return s.BytesPerIdleConn }, false, false},
-		{Target{Name: "hbone-cross-node new connections per second (warm pool)", Goal: 5000, Op: ">=", Unit: "conn/s"},
+		{Target{Name: "hbone-cross-node new connections per second (warm pool)", Goal: 5000, Op: ">=", Unit: "conn/s"}, phConnRate,
 			func(s ScenarioResult) float64 { return s.ConnPerS }, false, true},
 		// Head-of-line blocking (upstream ztunnel#1945): both p99s come from
 		// one phase of hbone-cross-node, so the ratio needs no direct. The
@@ -154,7 +157,7 @@ func targets(rs []ScenarioResult) []Target {
 		// bulk stream keeps both cores busy and direct's own p99 ratio is
 		// 2-50 with no shared connection at all: that figure measures CPU
 		// contention, so it goes in the note beside direct's.
-		{Target{Name: targetHOL, Goal: 2, Op: "<=", Unit: "ratio"}, holSlowRatio, false, false},
+		{Target{Name: targetHOL, Goal: 2, Op: "<=", Unit: "ratio"}, phHOL, holSlowRatio, false, false},
 	}
 	ts := make([]Target, len(goals))
 	for i, g := range goals {
@@ -163,6 +166,8 @@ func targets(rs []ScenarioResult) []Target {
 		switch {
 		case !okX:
 			t.Note = notMeasured + ": hbone-cross-node was not run"
+		case !ran.has(g.phase):
+			t.Note = notMeasured + ": -phases left out " + g.phase
 		case g.relative && !okD:
 			t.Note = notMeasured + ": direct was not run"
 		case t.Name == targetHOL && holSlowRatio(x) == 0:
@@ -178,12 +183,15 @@ func targets(rs []ScenarioResult) []Target {
 				x.GC.Cycles, x.GC.SlowNearGC, x.GC.Slow, x.GC.P99AwayFromGC), "; ")
 		}
 		if t.Name == targetHOL && okX && okD && holSlowRatio(d) > 0 {
-			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)",
-				holSlowRatio(d), holRatio(x), holRatio(d)), "; ")
+			t.Note = strings.TrimPrefix(t.Note+fmt.Sprintf("; direct's own ratio %.2f", holSlowRatio(d)), "; ")
+			// The full-rate ratio's denominator is the latency phase's p99.
+			if holRatio(x) > 0 && holRatio(d) > 0 {
+				t.Note += fmt.Sprintf("; with a full-rate bulk stream %.2f, direct's %.2f (CPU contention)", holRatio(x), holRatio(d))
+			}
 		}
 		for _, ys := range yardsticks {
 			y, okY := byName(rs, ys.name)
-			if !g.yardstick || !okY || (g.relative && !okD) {
+			if !g.yardstick || !okY || (g.relative && !okD) || !ran.has(g.phase) {
 				continue
 			}
 			v := g.read(y)

@@ -25,19 +25,22 @@ func TestTargets(t *testing.T) {
 	cases := []struct {
 		name    string
 		rs      []ScenarioResult
+		ran     phaseSet
 		met     int
 		noted   int // "not measured"
 		p50Step float64
 	}{
-		{"all met", []ScenarioResult{direct, good}, 8, 0, 50},
-		{"all missed", []ScenarioResult{direct, bad}, 0, 0, 150},
-		{"no direct: relative goals not measured, HOL is", []ScenarioResult{good}, 5, 3, 150},
-		{"no cross-node: nothing measured", []ScenarioResult{direct}, 0, 8, -100},
-		{"no HOL samples: HOL not measured", []ScenarioResult{direct, noHOL}, 7, 1, 50},
+		{"all met", []ScenarioResult{direct, good}, allPhases, 8, 0, 50},
+		{"all missed", []ScenarioResult{direct, bad}, allPhases, 0, 0, 150},
+		{"no direct: relative goals not measured, HOL is", []ScenarioResult{good}, allPhases, 5, 3, 150},
+		{"no cross-node: nothing measured", []ScenarioResult{direct}, allPhases, 0, 8, -100},
+		{"no HOL samples: HOL not measured", []ScenarioResult{direct, noHOL}, allPhases, 7, 1, 50},
+		{"-phases hol: the others not measured", []ScenarioResult{direct, good}, phaseSet{phHOL}, 1, 7, 50},
+		{"-phases latency,idle", []ScenarioResult{direct, good}, phaseSet{phLatency, phIdle}, 5, 3, 50},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := targets(tc.rs)
+			ts := targets(tc.rs, tc.ran)
 			met, noted := 0, 0
 			for _, x := range ts {
 				if x.Met {
@@ -64,8 +67,8 @@ func TestTargetsRelayPair(t *testing.T) {
 		CPUVCPU: 0.05, RSSMB: 10, BytesPerIdleConn: 8000, ConnPerS: 2000}
 	y := ScenarioResult{Name: scRelayPair, Relays: true, Throughput1: 6, Latency: Latency{P50: 180, P99: 350}, CPUVCPU: 0.04, RSSMB: 30, ConnPerS: 4000}
 	z := ScenarioResult{Name: scSealedRelayPair, Relays: true, Throughput1: 4.5, Latency: Latency{P50: 200, P99: 400}, CPUVCPU: 0.02, RSSMB: 30, ConnPerS: 3900}
-	without := targets([]ScenarioResult{direct, x})
-	with := targets([]ScenarioResult{direct, y, z, x})
+	without := targets([]ScenarioResult{direct, x}, allPhases)
+	with := targets([]ScenarioResult{direct, y, z, x}, allPhases)
 	want := []string{
 		"two bare relays: 0.6, meets it",
 		"two bare relays: 80, meets it",
@@ -95,15 +98,24 @@ func TestTargetsRelayPair(t *testing.T) {
 		}
 	}
 	// relay-pair alone: no sealed figure.
-	for _, tg := range targets([]ScenarioResult{direct, y, x}) {
+	for _, tg := range targets([]ScenarioResult{direct, y, x}, allPhases) {
 		if tg.SealedRelayPair != nil || strings.Contains(tg.Note, "sealing") {
 			t.Errorf("%s: a sealed figure without sealed-relay-pair: %+v", tg.Name, tg)
 		}
 	}
 	// Without direct, the relative targets are not measured for either.
-	for _, tg := range targets([]ScenarioResult{y, x})[:3] {
+	for _, tg := range targets([]ScenarioResult{y, x}, allPhases)[:3] {
 		if tg.RelayPair != nil {
 			t.Errorf("%s: relay-pair figure without direct: %+v", tg.Name, tg)
+		}
+	}
+	// A phase the run left out has no yardstick figure either.
+	for _, tg := range targets([]ScenarioResult{direct, y, z, x}, phaseSet{phLatency}) {
+		if tg.Name == targetP99 && tg.RelayPair == nil {
+			t.Errorf("%s: no relay-pair figure with its phase run: %+v", tg.Name, tg)
+		}
+		if (tg.Name == with[0].Name || tg.Name == with[6].Name) && (tg.RelayPair != nil || tg.SealedRelayPair != nil || !strings.HasPrefix(tg.Note, notMeasured)) {
+			t.Errorf("%s: its phase was left out, yet: %+v", tg.Name, tg)
 		}
 	}
 }
@@ -111,12 +123,20 @@ func TestTargetsRelayPair(t *testing.T) {
 func TestHOLTargetNotesDirectFloor(t *testing.T) {
 	direct := ScenarioResult{Name: scDirect, Latency: Latency{P99: 300}, LatencyHOL: Latency{P99: 9000}, HOLSlowTurnP99: 330, HOLSlowIdleTurnP99: 300}
 	x := ScenarioResult{Name: scCrossNode, Latency: Latency{P99: 1000}, LatencyHOL: Latency{P99: 25000}, HOLSlowTurnP99: 1500, HOLSlowIdleTurnP99: 1000}
-	for _, tg := range targets([]ScenarioResult{direct, x}) {
+	for _, tg := range targets([]ScenarioResult{direct, x}, allPhases) {
 		if tg.Name != targetHOL {
 			continue
 		}
 		if tg.Value != 1.5 || !tg.Met || !strings.Contains(tg.Note, "direct's own ratio 1.10; with a full-rate bulk stream 25.00, direct's 30.00") {
 			t.Fatalf("HOL target %+v", tg)
+		}
+		// Without the latency phase there is no unloaded p99 for the
+		// full-rate ratio: the note leaves it out rather than print zeros.
+		x.Latency, direct.Latency = Latency{}, Latency{}
+		for _, tg := range targets([]ScenarioResult{direct, x}, phaseSet{phHOL}) {
+			if tg.Name == targetHOL && (!tg.Met || tg.Note != "direct's own ratio 1.10") {
+				t.Fatalf("HOL target with -phases hol: %+v", tg)
+			}
 		}
 		return
 	}
@@ -132,7 +152,7 @@ func TestOutputShapes(t *testing.T) {
 		Config:    RunConfig{Scenarios: []string{scDirect, scCrossNode}, DurationSeconds: 1, RateRPS: 1000, MessageBytes: msgSize},
 		Scenarios: []ScenarioResult{{Name: scDirect, Throughput1: 10, Throughput8: 20, Latency: Latency{P50: 100, P90: 150, P99: 300, P999: 900}}, {Name: scCrossNode, Throughput1: 5, ZtunnelsOnPath: true}},
 	}
-	res.Targets = targets(res.Scenarios)
+	res.Targets = targets(res.Scenarios, allPhases)
 	jp, err := writeJSON(dir, res)
 	if err != nil {
 		t.Fatal(err)
@@ -238,8 +258,8 @@ func TestPeerRowsInTable(t *testing.T) {
 		Peer:          "ztunnel (/opt/ztunnel)",
 		PeerScenarios: []ScenarioResult{{Name: scCrossNode, Ztunnel: "ztunnel", ZtunnelsOnPath: true, Latency: Latency{P50: 300}}},
 	}
-	res.Targets = targets(res.Scenarios)
-	res.PeerTargets = targets(append([]ScenarioResult{d}, res.PeerScenarios...))
+	res.Targets = targets(res.Scenarios, allPhases)
+	res.PeerTargets = targets(append([]ScenarioResult{d}, res.PeerScenarios...), allPhases)
 	var b strings.Builder
 	printTable(&b, res)
 	for _, want := range []string{"hbone-cross-node [ztunnel]", "300 (3.00×)", "target [ztunnel]"} {
@@ -280,7 +300,7 @@ func TestRelayPairRowInTable(t *testing.T) {
 }
 
 func TestMarkBusy(t *testing.T) {
-	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, HOLSlowTurnP99: 150, HOLSlowIdleTurnP99: 100}})
+	ts := targets([]ScenarioResult{{Name: scCrossNode, Latency: Latency{P99: 100}, HOLSlowTurnP99: 150, HOLSlowIdleTurnP99: 100}}, allPhases)
 	markBusy(ts, false)
 	for _, tg := range ts {
 		if strings.Contains(tg.Note, "busy") {

@@ -259,117 +259,33 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	}
 	counted := map[int]float64{}
 	r.progress("[%s] %s → %s", d.name, d.client, d.server)
+	ran := r.cfg.phases.has
 	err = r.fresh(ctx, d, p, counted, func() error {
-		// 1000 rps on reused connections, with CPU and RSS sampled.
-		var err error
-		if res.LoopLatency, err = p.baselineLoop(ctx, true); err != nil {
-			return fmt.Errorf("loop (reused connection): %w", err)
-		}
-		// Our ztunnels' GC trace from here on (not a -peer's: not Go;
-		// direct has no ztunnel on its path).
-		var logOffs []int64
-		if len(d.onPath) > 0 && !d.relays && !r.peer {
-			for _, ni := range costNodes {
-				logOffs = append(logOffs, logSize(r.node(ni).LogPath))
-			}
-		}
-		lat, err := r.withCost(ctx, costNodes, pidOf, costs, func() (openLoopResult, error) {
-			return p.openLoop(ctx, r.cfg.rate, r.cfg.duration, true, latencyConns)
-		})
-		if err != nil {
-			return fmt.Errorf("latency (reused connections): %w", err)
-		}
-		res.Latency, res.HarnessLag = lat.latency, lat.lag
-		if logOffs != nil {
-			if res.GC, err = r.gcReport(costNodes, logOffs, lat); err != nil {
+		if ran(phLatency) {
+			if err := r.latencyPhase(ctx, p, d, costNodes, pidOf, costs, &res); err != nil {
 				return err
 			}
-			g := res.GC
-			r.progress("[%s] GC during the %d rps phase: %d cycles on the path (%.1f ms of wall time in all); of the %d requests at or above p99, %d were in flight within %v of one (%d of %d requests in all); p99 of the requests away from every cycle %.0fµs (all: %.0fµs)",
-				d.name, r.cfg.rate, g.Cycles, g.ClockMS, g.Slow, g.SlowNearGC, gcSlack, g.NearGC, lat.latency.Count, g.P99AwayFromGC, lat.latency.P99)
 		}
-		r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs; plain loop p50 %.0fµs); vCPU %s; RSS MiB %s",
-			d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99, res.LoopLatency.P50,
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f")+
-				" (median "+fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMedianMB }, "%.1f")+
-				"; anonymous peak "+fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSAnonMB }, "%.1f")+")")
-		r.progress("[%s] per request at %d rps: context switches %s (voluntary %s); read/write syscalls %s",
-			d.name, r.cfg.rate,
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerReq }, "%.2f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerReq }, "%.2f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerReq }, "%.2f"))
-
 		// relay-pair shares no connection between streams: nothing to
 		// block the requests but the CPU, which direct's figure shows.
-		if !d.relays {
+		if ran(phHOL) && !d.relays {
 			if err := r.headOfLinePhases(ctx, p, d, &res); err != nil {
 				return err
 			}
 		}
-
-		if res.LoopNewConn, err = p.baselineLoop(ctx, false); err != nil {
-			return fmt.Errorf("loop (new connections): %w", err)
-		}
-		nc, err := p.openLoop(ctx, r.cfg.rate, r.cfg.duration, false, newConnWorkers)
-		if err != nil {
-			return fmt.Errorf("latency (new connections): %w", err)
-		}
-		res.LatencyNewConn, res.HarnessLagNew = nc.latency, nc.lag
-		r.progress("[%s] latency %d rps, a new connection each: p50 %.0fµs p99 %.0fµs (%d requests in %.2fs; send lag p50 %.0fµs p99 %.0fµs); plain loop p50 %.0fµs (%.2f×)",
-			d.name, r.cfg.rate, nc.latency.P50, nc.latency.P99, nc.latency.Count, nc.elapsed.Seconds(), nc.lag.P50, nc.lag.P99,
-			res.LoopNewConn.P50, nc.latency.P50/res.LoopNewConn.P50)
-		if d.name == scDirect {
-			for _, why := range []string{
-				implausible("latency_us", res.Latency, res.LoopLatency, plausibleReused),
-				implausible("latency_new_conn_us", res.LatencyNewConn, res.LoopNewConn, plausibleNewConn),
-			} {
-				if why != "" {
-					r.progress("WARNING: [%s] %s", d.name, why)
-					res.Implausible = append(res.Implausible, why)
-				}
+		if ran(phNewConn) {
+			if err := r.newConnPhase(ctx, p, d, &res); err != nil {
+				return err
 			}
 		}
-
-		err = r.perUnit(costNodes, pidOf, costs, func() (float64, error) {
-			before := p.dials.Load()
-			var err error
-			res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration)
-			return float64(p.dials.Load() - before), err
-		}, func(c *ZtunnelCost, d procDelta, conns float64) {
-			c.CPUPerConnUS = float64(d.cpu.Microseconds()) / conns
-			c.VolCtxSwitchesPerConn = d.vol / conns
-			c.CtxSwitchesPerConn = d.all / conns
-		})
-		if err != nil {
-			return fmt.Errorf("connection rate: %w", err)
+		if ran(phConnRate) {
+			if err := r.connRatePhase(ctx, p, d, costNodes, pidOf, costs, &res); err != nil {
+				return err
+			}
 		}
-		r.progress("[%s] connect + 1 B round trip + close: %.0f conn/s; per connection: CPU µs %s, context switches %s (voluntary %s)", d.name, res.ConnPerS,
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUPerConnUS }, "%.0f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerConn }, "%.2f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerConn }, "%.2f"))
-
-		err = r.perUnit(costNodes, pidOf, costs, func() (float64, error) {
-			var bytes int64
-			var err error
-			res.Throughput1, bytes, err = p.bulk(ctx, 1, r.cfg.duration)
-			return float64(bytes) / 1e9, err
-		}, func(c *ZtunnelCost, d procDelta, gb float64) {
-			c.CPUSecPerGB = d.cpu.Seconds() / gb
-			c.CtxSwitchesPerGB = d.all / gb
-			c.SyscallsPerGB = d.syscalls / gb
-		})
-		if err != nil {
-			return fmt.Errorf("throughput 1 stream: %w", err)
+		if ran(phBulk) {
+			return r.bulkPhases(ctx, p, d, costNodes, pidOf, costs, &res)
 		}
-		if res.Throughput8, _, err = p.bulk(ctx, 8, r.cfg.duration); err != nil {
-			return fmt.Errorf("throughput 8 streams: %w", err)
-		}
-		r.progress("[%s] throughput: 1 stream %.2f Gbit/s, 8 streams %.2f Gbit/s; per GB on 1 stream: CPU s %s, context switches %s, read/write syscalls %s",
-			d.name, res.Throughput1, res.Throughput8,
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUSecPerGB }, "%.2f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerGB }, "%.0f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerGB }, "%.0f"))
 		return nil
 	})
 	if err != nil {
@@ -377,22 +293,34 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	}
 	// The relays' memory per idle connection would be that of Go's
 	// goroutines and their buffers, nothing the targets compare with.
-	err = r.fresh(ctx, d, p, counted, func() error {
-		if d.relays {
+	if ran(phIdle) && !d.relays {
+		err = r.fresh(ctx, d, p, counted, func() error {
+			var err error
+			if res.IdleConns, err = r.idle(ctx, d.name, p, costNodes, costs); err != nil {
+				return fmt.Errorf("idle connections: %w", err)
+			}
+			r.progress("[%s] %d idle connections: bytes/conn (RSS) %s; (Go heap+stacks) %s; fds/conn %s", d.name, res.IdleConns,
+				fmtCosts(costs, func(c ZtunnelCost) float64 { return c.BytesPerIdleConn }, "%.0f"),
+				fmtCosts(costs, func(c ZtunnelCost) float64 { return c.HeapStackPerIdleCon }, "%.0f"),
+				fmtCosts(costs, func(c ZtunnelCost) float64 { return c.FDsPerIdleConn }, "%.2f"))
 			return nil
+		})
+		if err != nil {
+			return res, err
 		}
-		var err error
-		if res.IdleConns, err = r.idle(ctx, d.name, p, costNodes, costs); err != nil {
-			return fmt.Errorf("idle connections: %w", err)
+	} else {
+		res.IdleConns = 0
+	}
+	if d.name == scDirect {
+		for _, why := range []string{
+			implausible("latency_us", res.Latency, res.LoopLatency, plausibleReused),
+			implausible("latency_new_conn_us", res.LatencyNewConn, res.LoopNewConn, plausibleNewConn),
+		} {
+			if why != "" {
+				r.progress("WARNING: [%s] %s", d.name, why)
+				res.Implausible = append(res.Implausible, why)
+			}
 		}
-		r.progress("[%s] %d idle connections: bytes/conn (RSS) %s; (Go heap+stacks) %s; fds/conn %s", d.name, res.IdleConns,
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.BytesPerIdleConn }, "%.0f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.HeapStackPerIdleCon }, "%.0f"),
-			fmtCosts(costs, func(c ZtunnelCost) float64 { return c.FDsPerIdleConn }, "%.2f"))
-		return nil
-	})
-	if err != nil {
-		return res, err
 	}
 	for i := range costs {
 		costs[i].ConnsCounted = counted[costs[i].Node]
@@ -413,6 +341,117 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	res.HOLSlowRatioP50 = safeRatio(res.LatencyHOLSlow.P50, res.LatencyHOLSlowIdle.P50)
 	res.DurationSeconds = time.Since(started).Seconds()
 	return res, nil
+}
+
+// latencyPhase measures 1000 rps on reused connections, with CPU and RSS
+// sampled, and relates its slowest requests to our ztunnels' GCs.
+func (r *runner) latencyPhase(ctx context.Context, p *path, d scenarioDef, costNodes []int, pidOf func(int) int, costs []ZtunnelCost, res *ScenarioResult) error {
+	var err error
+	if res.LoopLatency, err = p.baselineLoop(ctx, true); err != nil {
+		return fmt.Errorf("loop (reused connection): %w", err)
+	}
+	// Our ztunnels' GC trace from here on (not a -peer's: not Go;
+	// direct has no ztunnel on its path).
+	var logOffs []int64
+	if len(d.onPath) > 0 && !d.relays && !r.peer {
+		for _, ni := range costNodes {
+			logOffs = append(logOffs, logSize(r.node(ni).LogPath))
+		}
+	}
+	lat, err := r.withCost(ctx, costNodes, pidOf, costs, func() (openLoopResult, error) {
+		return p.openLoop(ctx, r.cfg.rate, r.cfg.duration, true, latencyConns)
+	})
+	if err != nil {
+		return fmt.Errorf("latency (reused connections): %w", err)
+	}
+	res.Latency, res.HarnessLag = lat.latency, lat.lag
+	if logOffs != nil {
+		if res.GC, err = r.gcReport(costNodes, logOffs, lat); err != nil {
+			return err
+		}
+		g := res.GC
+		r.progress("[%s] GC during the %d rps phase: %d cycles on the path (%.1f ms of wall time in all); of the %d requests at or above p99, %d were in flight within %v of one (%d of %d requests in all); p99 of the requests away from every cycle %.0fµs (all: %.0fµs)",
+			d.name, r.cfg.rate, g.Cycles, g.ClockMS, g.Slow, g.SlowNearGC, gcSlack, g.NearGC, lat.latency.Count, g.P99AwayFromGC, lat.latency.P99)
+	}
+	r.progress("[%s] latency %d rps, %d reused conns: p50 %.0fµs p99 %.0fµs p999 %.0fµs (harness send lag p50 %.0fµs p99 %.0fµs; plain loop p50 %.0fµs); vCPU %s; RSS MiB %s",
+		d.name, r.cfg.rate, latencyConns, lat.latency.P50, lat.latency.P99, lat.latency.P999, lat.lag.P50, lat.lag.P99, res.LoopLatency.P50,
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUVCPU }, "%.4f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMB }, "%.1f")+
+			" (median "+fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSMedianMB }, "%.1f")+
+			"; anonymous peak "+fmtCosts(costs, func(c ZtunnelCost) float64 { return c.RSSAnonMB }, "%.1f")+")")
+	r.progress("[%s] per request at %d rps: context switches %s (voluntary %s); read/write syscalls %s",
+		d.name, r.cfg.rate,
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerReq }, "%.2f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerReq }, "%.2f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerReq }, "%.2f"))
+	return nil
+}
+
+// newConnPhase measures 1000 rps with a new connection each.
+func (r *runner) newConnPhase(ctx context.Context, p *path, d scenarioDef, res *ScenarioResult) error {
+	var err error
+	if res.LoopNewConn, err = p.baselineLoop(ctx, false); err != nil {
+		return fmt.Errorf("loop (new connections): %w", err)
+	}
+	nc, err := p.openLoop(ctx, r.cfg.rate, r.cfg.duration, false, newConnWorkers)
+	if err != nil {
+		return fmt.Errorf("latency (new connections): %w", err)
+	}
+	res.LatencyNewConn, res.HarnessLagNew = nc.latency, nc.lag
+	r.progress("[%s] latency %d rps, a new connection each: p50 %.0fµs p99 %.0fµs (%d requests in %.2fs; send lag p50 %.0fµs p99 %.0fµs); plain loop p50 %.0fµs (%.2f×)",
+		d.name, r.cfg.rate, nc.latency.P50, nc.latency.P99, nc.latency.Count, nc.elapsed.Seconds(), nc.lag.P50, nc.lag.P99,
+		res.LoopNewConn.P50, nc.latency.P50/res.LoopNewConn.P50)
+	return nil
+}
+
+// connRatePhase measures connections per second (connect, 1 B round
+// trip, close) with the CPU and context switches per connection.
+func (r *runner) connRatePhase(ctx context.Context, p *path, d scenarioDef, costNodes []int, pidOf func(int) int, costs []ZtunnelCost, res *ScenarioResult) error {
+	err := r.perUnit(costNodes, pidOf, costs, func() (float64, error) {
+		before := p.dials.Load()
+		var err error
+		res.ConnPerS, err = p.connRate(ctx, connRateWorkers, r.cfg.duration)
+		return float64(p.dials.Load() - before), err
+	}, func(c *ZtunnelCost, d procDelta, conns float64) {
+		c.CPUPerConnUS = float64(d.cpu.Microseconds()) / conns
+		c.VolCtxSwitchesPerConn = d.vol / conns
+		c.CtxSwitchesPerConn = d.all / conns
+	})
+	if err != nil {
+		return fmt.Errorf("connection rate: %w", err)
+	}
+	r.progress("[%s] connect + 1 B round trip + close: %.0f conn/s; per connection: CPU µs %s, context switches %s (voluntary %s)", d.name, res.ConnPerS,
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUPerConnUS }, "%.0f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerConn }, "%.2f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.VolCtxSwitchesPerConn }, "%.2f"))
+	return nil
+}
+
+// bulkPhases measures one stream's throughput, with its CPU, context
+// switches and syscalls per GB, then eight streams'.
+func (r *runner) bulkPhases(ctx context.Context, p *path, d scenarioDef, costNodes []int, pidOf func(int) int, costs []ZtunnelCost, res *ScenarioResult) error {
+	err := r.perUnit(costNodes, pidOf, costs, func() (float64, error) {
+		var bytes int64
+		var err error
+		res.Throughput1, bytes, err = p.bulk(ctx, 1, r.cfg.duration)
+		return float64(bytes) / 1e9, err
+	}, func(c *ZtunnelCost, d procDelta, gb float64) {
+		c.CPUSecPerGB = d.cpu.Seconds() / gb
+		c.CtxSwitchesPerGB = d.all / gb
+		c.SyscallsPerGB = d.syscalls / gb
+	})
+	if err != nil {
+		return fmt.Errorf("throughput 1 stream: %w", err)
+	}
+	if res.Throughput8, _, err = p.bulk(ctx, 8, r.cfg.duration); err != nil {
+		return fmt.Errorf("throughput 8 streams: %w", err)
+	}
+	r.progress("[%s] throughput: 1 stream %.2f Gbit/s, 8 streams %.2f Gbit/s; per GB on 1 stream: CPU s %s, context switches %s, read/write syscalls %s",
+		d.name, res.Throughput1, res.Throughput8,
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CPUSecPerGB }, "%.2f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.CtxSwitchesPerGB }, "%.0f"),
+		fmtCosts(costs, func(c ZtunnelCost) float64 { return c.SyscallsPerGB }, "%.0f"))
+	return nil
 }
 
 // headOfLinePhases measures 1 KiB requests beside a bulk stream with a

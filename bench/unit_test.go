@@ -305,6 +305,37 @@ func parseFlagsQuiet(args []string) (config, error) {
 	return parseFlags(args)
 }
 
+// TestPhasesFlag: -phases keeps the phases given, in the order they run,
+// defaults to all of them, and refuses names it does not know.
+func TestPhasesFlag(t *testing.T) {
+	cases := []struct {
+		arg     string
+		want    phaseSet
+		wantErr string
+	}{
+		{"", nil, "empty"},
+		{"bulk, hol", phaseSet{phHOL, phBulk}, ""},
+		{"idle,latency,idle", phaseSet{phLatency, phIdle}, ""},
+		{"hol,throughput", nil, `unknown "throughput"`},
+	}
+	cfg, err := parseFlagsQuiet(nil)
+	if err != nil || !slices.Equal(cfg.phases, allPhases) {
+		t.Fatalf("default phases %v, %v; want %v", cfg.phases, err, allPhases)
+	}
+	for _, tc := range cases {
+		cfg, err := parseFlagsQuiet([]string{"-phases", tc.arg})
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("-phases %q: error %v, want one containing %q", tc.arg, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(cfg.phases, tc.want) {
+			t.Errorf("-phases %q: %v, %v; want %v", tc.arg, cfg.phases, err, tc.want)
+		}
+	}
+}
+
 func TestIdleFit(t *testing.T) {
 	if got := idleFit(20000); got != (20000-fdReserve)/2 {
 		t.Fatalf("idleFit(20000) = %d", got)

@@ -221,7 +221,8 @@ func probeLag(ctx context.Context, rate int) Latency {
 }
 
 // judgeBusy sets Busy and its reasons from the start load and the lag
-// probes against direct's reused-connection p99 (0: direct not run).
+// probes against direct's reused-connection p99 (0: direct or its latency
+// phase not run).
 func (m *MachineLoad) judgeBusy(directP99 float64) {
 	m.Busy, m.BusyReasons = false, nil
 	if m.LoadStart.loaded() {

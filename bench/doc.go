@@ -38,6 +38,8 @@
 // meanwhile (gctrace.go). See bench/README.md for the method and the
 // meaning of each figure.
 //
-// The harness reads one environment variable, BENCH_ZTUNNEL_ENV: extra
-// environment for every ztunnel it starts. It must run as root.
+// The harness reads two environment variables: BENCH_ZTUNNEL_ENV, extra
+// environment for every ztunnel it starts, and BENCH_RELAY_MODE, which
+// set to "goroutines" runs the relay yardsticks on Go's poller
+// (relaygo.go) instead of their epoll loop. It must run as root.
 package main

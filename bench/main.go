@@ -329,6 +329,9 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 		},
 	}
 	res.Notes = append(res.Notes, notes...)
+	if os.Getenv(relayModeEnv) == relayModeGoroutines {
+		res.Notes = append(res.Notes, "relay yardsticks on Go's poller, a goroutine per direction ("+relayModeEnv+"="+relayModeGoroutines+"), not one epoll loop")
+	}
 	ml := &res.Machine.MachineLoad
 	var waited time.Duration
 	if ml.LoadStart, waited, err = settle(ctx, cfg.quick, log); err != nil {

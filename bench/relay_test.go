@@ -135,7 +135,19 @@ func startTestRelay(t *testing.T, pairs ...string) *relayProc {
 // TestRelay runs one relay in front of relayTarget: the exchange passes
 // intact, and a target that refuses leaves the client with a closed
 // connection, not a hang.
-func TestRelay(t *testing.T) {
+func TestRelay(t *testing.T) { inBothModes(t, testRelay) }
+
+// inBothModes runs test against the epoll-loop relay and the goroutine
+// one (relaygo.go).
+func inBothModes(t *testing.T, test func(*testing.T)) {
+	t.Run("epoll", test)
+	t.Run(relayModeGoroutines, func(t *testing.T) {
+		t.Setenv(relayModeEnv, relayModeGoroutines) // the relay processes inherit it
+		test(t)
+	})
+}
+
+func testRelay(t *testing.T) {
 	srv := relayTarget(t)
 	front, refusing, refused := freePort(t), freePort(t), freePort(t)
 	startTestRelay(t, front+">"+srv.Addr().String(), refusing+">"+refused)
@@ -157,7 +169,9 @@ func TestRelay(t *testing.T) {
 // leg is TLS 1.3-shaped records (type, version, at most 16 KiB of payload
 // plus the tag) that open with the accepting end's keys, in sequence, to
 // exactly what the client sent — no plaintext on the wire.
-func TestSealedRelayPair(t *testing.T) {
+func TestSealedRelayPair(t *testing.T) { inBothModes(t, testSealedRelayPair) }
+
+func testSealedRelayPair(t *testing.T) {
 	srv := relayTarget(t)
 	front, mid := freePort(t), freePort(t)
 	startTestRelay(t, sealedPrefix+mid+">"+srv.Addr().String())

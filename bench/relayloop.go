@@ -58,6 +58,13 @@ type relayLoop struct {
 	evs     [128]unix.EpollEvent
 }
 
+// relayModeEnv, set to relayModeGoroutines in the harness's environment
+// (the relays inherit it), runs the relays on Go's poller (relaygo.go).
+const (
+	relayModeEnv        = "BENCH_RELAY_MODE"
+	relayModeGoroutines = "goroutines"
+)
+
 // relayMain runs a relay until its stdin reaches EOF. Each argument is
 // "listen>target", IPv4 address:port each; the side prefixed "sealed:"
 // carries sealed records (relayseal.go). It is started inside a pod's
@@ -65,6 +72,9 @@ type relayLoop struct {
 func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("relay: no listen>target pairs")
+	}
+	if os.Getenv(relayModeEnv) == relayModeGoroutines {
+		return relayGoroutines(args, stdin, stdout)
 	}
 	// The loop waits in epoll_wait without telling the runtime (a raw
 	// system call), so it must have its thread to itself.

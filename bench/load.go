@@ -12,9 +12,11 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/nstest"
+	"golang.org/x/sys/unix"
 )
 
 // Load-generator constants.
@@ -42,6 +44,9 @@ type path struct {
 	// jitter: open loops on this path send at jittered points of their
 	// slots (see slots); set for the profile loads only.
 	jitter bool
+	// mss, when set, is the TCP_MAXSEG of every socket the client dials
+	// with: the relay scenarios' (redirectedMSS).
+	mss int
 
 	dials    atomic.Int64 // connections established
 	verified atomic.Int64 // payload bytes received and checked
@@ -57,7 +62,11 @@ func (p *path) addrPort(port int) netip.AddrPort {
 func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, ioTimeout)
 	defer cancel()
-	c, err := p.client.Dial(dctx, "tcp", p.addr(port))
+	var c net.Conn
+	err := p.client.Do(func() (err error) {
+		c, err = p.dialer().DialContext(dctx, "tcp", p.addr(port))
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("dial %s from %s: %w", p.addr(port), p.client.Name, err)
 	}
@@ -65,13 +74,35 @@ func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {
 	return c, nil
 }
 
+// dialer is a dialer for the client's sockets, with p.mss if set.
+func (p *path) dialer() *net.Dialer {
+	d := &net.Dialer{}
+	if p.mss > 0 {
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) { serr = setMSS(int(fd), p.mss) }); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	return d
+}
+
+// setMSS caps the segments a socket sends and announces (before connect).
+func setMSS(fd, mss int) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, mss); err != nil {
+		return fmt.Errorf("bench: TCP_MAXSEG %d: %w", mss, err)
+	}
+	return nil
+}
+
 // dialHere connects from the calling thread's namespace; for workers
 // running inside p.client.Do, where a dial costs no namespace switch.
 func (p *path) dialHere(ctx context.Context, port int) (net.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, ioTimeout)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(dctx, "tcp", p.addr(port))
+	c, err := p.dialer().DialContext(dctx, "tcp", p.addr(port))
 	if err != nil {
 		return nil, fmt.Errorf("dial %s from %s: %w", p.addr(port), p.client.Name, err)
 	}
@@ -182,7 +213,7 @@ func (p *path) openLoop(ctx context.Context, rate int, d time.Duration, reuse bo
 	}
 	var sockets *socketFactory
 	if !reuse {
-		sockets = newSocketFactory(p.client)
+		sockets = newSocketFactory(p.client, p.mss)
 		defer sockets.close() // a failure to make sockets fails the dials, which report it
 	}
 	ch := make(chan int, n)
@@ -345,7 +376,7 @@ func (p *path) connRate(ctx context.Context, workers int, d time.Duration) (floa
 	// phase (nsdial.go): the harness's own share of each connection's CPU
 	// and wake-ups is what it takes from the ztunnels it measures on the
 	// same two cores.
-	sockets := newSocketFactory(p.client)
+	sockets := newSocketFactory(p.client, p.mss)
 	defer sockets.close()
 	start := time.Now()
 	deadline := start.Add(d)

@@ -42,7 +42,8 @@ type socketFactory struct {
 // moment when its thread is not scheduled.
 const socketDepth = 64
 
-func newSocketFactory(pod *nstest.Pod) *socketFactory {
+// With mss > 0 every socket gets that TCP_MAXSEG (path.mss).
+func newSocketFactory(pod *nstest.Pod, mss int) *socketFactory {
 	f := &socketFactory{fds: make(chan int, socketDepth), stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
@@ -52,6 +53,13 @@ func newSocketFactory(pod *nstest.Pod) *socketFactory {
 				if err != nil {
 					close(f.fds)
 					return fmt.Errorf("bench: socket in %s: %w", pod.Name, err)
+				}
+				if mss > 0 {
+					if err := setMSS(fd, mss); err != nil {
+						unix.Close(fd)
+						close(f.fds)
+						return err
+					}
 				}
 				select {
 				case f.fds <- fd:

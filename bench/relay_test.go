@@ -11,6 +11,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // freePort returns a loopback port that was free a moment ago.
@@ -294,6 +296,43 @@ func TestRelayMainRejectsBadArguments(t *testing.T) {
 	for _, args := range [][]string{nil, {"127.0.0.1:1"}, {"nowhere>127.0.0.1:1"}, {"127.0.0.1:1>nowhere"}} {
 		if err := relayMain(args, os.Stdin, io.Discard); err == nil {
 			t.Errorf("relayMain(%q) succeeded", args)
+		}
+	}
+}
+
+// TestDialerMSS: a path with mss dials sockets whose segments are capped
+// (the kernel takes the timestamp option off TCP_MAXSEG), and one without
+// keeps loopback's.
+func TestDialerMSS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	for _, tc := range []struct {
+		mss      int
+		min, max int
+	}{{1460, 1400, 1460}, {0, 16 << 10, 1 << 16}} {
+		c, err := (&path{mss: tc.mss}).dialer().Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, _ := c.(*net.TCPConn).SyscallConn()
+		var got int
+		var gerr error
+		rc.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) })
+		c.Close()
+		if gerr != nil || got < tc.min || got > tc.max {
+			t.Errorf("mss %d: the connection's TCP_MAXSEG %d (%v), want %d..%d", tc.mss, got, gerr, tc.min, tc.max)
 		}
 	}
 }

@@ -184,7 +184,10 @@ type ScenarioResult struct {
 	ZtunnelsOnPath bool          `json:"ztunnels_on_path"`
 	// Relays: the cost figures are relay-pair's two relays (relay.go), not
 	// ztunnels; it has no idle-connection figures.
-	Relays          bool    `json:"relays,omitempty"`
+	Relays bool `json:"relays,omitempty"`
+	// ClientMSS (relays only): the TCP_MAXSEG of the client's sockets, the
+	// segments a redirected connection has (redirectedMSS).
+	ClientMSS       int     `json:"client_mss,omitempty"`
 	DurationSeconds float64 `json:"duration_s"`
 }
 
@@ -248,6 +251,10 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 				err = serr
 			}
 		}()
+		if p.mss, err = redirectedMSS(p.client, p.server); err != nil {
+			return res, err
+		}
+		res.ClientMSS = p.mss
 		p.server, p.portShift = netip.MustParseAddr("127.0.0.1"), relayPortShift
 		pidOf = rp.pid
 		res.IdleConns = 0
@@ -259,6 +266,9 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	}
 	counted := map[int]float64{}
 	r.progress("[%s] %s → %s", d.name, d.client, d.server)
+	if p.mss > 0 {
+		r.progress("[%s] the client's sockets at TCP_MAXSEG %d, as a redirected connection's segments are", d.name, p.mss)
+	}
 	ran := r.cfg.phases.has
 	err = r.fresh(ctx, d, p, counted, func() error {
 		if ran(phLatency) {

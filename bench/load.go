@@ -60,18 +60,12 @@ func (p *path) addrPort(port int) netip.AddrPort {
 
 // dial connects from the client pod (any goroutine).
 func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {
-	dctx, cancel := context.WithTimeout(ctx, ioTimeout)
-	defer cancel()
 	var c net.Conn
 	err := p.client.Do(func() (err error) {
-		c, err = p.dialer().DialContext(dctx, "tcp", p.addr(port))
+		c, err = p.dialHere(ctx, port)
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("dial %s from %s: %w", p.addr(port), p.client.Name, err)
-	}
-	p.dials.Add(1)
-	return c, nil
+	return c, err
 }
 
 // dialer is a dialer for the client's sockets, with p.mss if set.

@@ -229,7 +229,7 @@ func (r *runner) restartAll(ctx context.Context) error {
 // pool). Any failure is returned; the caller stops.
 func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, err error) {
 	started := time.Now()
-	res = ScenarioResult{Name: d.name, ZtunnelsOnPath: len(d.onPath) > 0, Relays: d.relays, IdleConns: r.cfg.idleConns}
+	res = ScenarioResult{Name: d.name, ZtunnelsOnPath: len(d.onPath) > 0, Relays: d.relays}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("scenario %s: %w", d.name, err)
@@ -257,7 +257,6 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		res.ClientMSS = p.mss
 		p.server, p.portShift = netip.MustParseAddr("127.0.0.1"), relayPortShift
 		pidOf = rp.pid
-		res.IdleConns = 0
 	}
 	costNodes := d.costNodes(len(r.mesh.Nodes))
 	costs := make([]ZtunnelCost, len(costNodes))
@@ -318,8 +317,6 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 		if err != nil {
 			return res, err
 		}
-	} else {
-		res.IdleConns = 0
 	}
 	if d.name == scDirect {
 		for _, why := range []string{

@@ -78,8 +78,8 @@ func TestSmoke(t *testing.T) {
 		if s.Latency.Count != want || s.LatencyNewConn.Count != want {
 			t.Errorf("%s: latency samples %d/%d, want %d each", s.Name, s.Latency.Count, s.LatencyNewConn.Count, want)
 		}
-		if s.Relays != (s.ClientMSS > 0) || s.ClientMSS >= 65000 {
-			t.Errorf("%s: client MSS %d; want the pod link's MTU less 40 for relays, none otherwise", s.Name, s.ClientMSS)
+		if s.Relays != (s.ClientMSS > 0) || s.ClientMSS >= 65000 || s.ServerMSS != s.ClientMSS {
+			t.Errorf("%s: client MSS %d, server MSS %d; want the pod link's MTU less 40 for relays (both legs), none otherwise", s.Name, s.ClientMSS, s.ServerMSS)
 		}
 		if s.Relays {
 			if s.LatencyHOL.Count != 0 || s.LatencyHOLSlow.Count != 0 {

@@ -69,12 +69,15 @@ func (p *path) dial(ctx context.Context, port int) (net.Conn, error) {
 }
 
 // dialer is a dialer for the client's sockets, with p.mss if set.
-func (p *path) dialer() *net.Dialer {
+func (p *path) dialer() *net.Dialer { return mssDialer(p.mss) }
+
+// mssDialer is a dialer whose sockets get TCP_MAXSEG mss, if mss > 0.
+func mssDialer(mss int) *net.Dialer {
 	d := &net.Dialer{}
-	if p.mss > 0 {
+	if mss > 0 {
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
 			var serr error
-			if err := rc.Control(func(fd uintptr) { serr = setMSS(int(fd), p.mss) }); err != nil {
+			if err := rc.Control(func(fd uintptr) { serr = setMSS(int(fd), mss) }); err != nil {
 				return err
 			}
 			return serr

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -131,6 +132,41 @@ func (r *relayProc) stop() error {
 	}
 }
 
+// relayArg is one argument of a relay: "listen>target", IPv4
+// address:port each. A side prefixed "sealed:" carries sealed records
+// (relayseal.go); a target suffixed ",mss=N" is dialled with TCP_MAXSEG N.
+type relayArg struct {
+	listen, target         netip.AddrPort
+	sealListen, sealTarget bool
+	targetMSS              int
+}
+
+func parseRelayArg(a string) (relayArg, error) {
+	var ra relayArg
+	from, to, ok := strings.Cut(a, ">")
+	if !ok {
+		return ra, fmt.Errorf("relay: %q: want listen>target", a)
+	}
+	from, ra.sealListen = strings.CutPrefix(from, sealedPrefix)
+	to, ra.sealTarget = strings.CutPrefix(to, sealedPrefix)
+	to, mss, withMSS := strings.Cut(to, ",mss=")
+	if withMSS {
+		n, err := strconv.Atoi(mss)
+		if err != nil || n <= 0 {
+			return ra, fmt.Errorf("relay: %q: bad mss", a)
+		}
+		ra.targetMSS = n
+	}
+	var err error
+	if ra.listen, err = netip.ParseAddrPort(from); err != nil {
+		return ra, fmt.Errorf("relay: listen address: %w", err)
+	}
+	if ra.target, err = netip.ParseAddrPort(to); err != nil {
+		return ra, fmt.Errorf("relay: target address: %w", err)
+	}
+	return ra, nil
+}
+
 // relayPair is the relay-pair scenario's two relays, indexed like the
 // nodes they stand in for (1: the client's side, 2: the server's).
 type relayPair [2]*relayProc
@@ -139,8 +175,9 @@ type relayPair [2]*relayProc
 // loopback, dialling the second relay at the server pod's address) and
 // the one in the server's pod (dialling the servers there), for every
 // server port. sealed: the leg between them carries sealed records
-// (relayseal.go).
-func startRelayPair(ctx context.Context, client, server *nstest.Pod, sealed bool) (relayPair, error) {
+// (relayseal.go). serverMSS > 0 is the TCP_MAXSEG of the second relay's
+// sockets to the servers.
+func startRelayPair(ctx context.Context, client, server *nstest.Pod, sealed bool, serverMSS int) (relayPair, error) {
 	var first, second []string
 	for _, port := range []int{echoPort, sinkPort, slowSinkPort} {
 		mid := netip.AddrPortFrom(server.IP, uint16(port+relayPortShift)).String()
@@ -148,7 +185,11 @@ func startRelayPair(ctx context.Context, client, server *nstest.Pod, sealed bool
 			mid = sealedPrefix + mid
 		}
 		first = append(first, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port+relayPortShift)).String()+">"+mid)
-		second = append(second, mid+">"+netip.AddrPortFrom(server.IP, uint16(port)).String())
+		target := netip.AddrPortFrom(server.IP, uint16(port)).String()
+		if serverMSS > 0 {
+			target += ",mss=" + strconv.Itoa(serverMSS)
+		}
+		second = append(second, mid+">"+target)
 	}
 	var rp relayPair
 	var err error
@@ -174,18 +215,28 @@ func (rp relayPair) stop() error {
 	return errors.Join(errs...)
 }
 
-// redirectedMSS is the TCP_MAXSEG that gives the relays' client leg the
-// segments a redirected connection from client to dst has. The kernel
-// sizes a socket's segments from the route to the address dialled, before
-// the mesh's REDIRECT sends the packets over loopback to ztunnel, so that
-// leg runs at the pod link's MTU (1 448 B of payload here, seen with ss
-// -tni); the relays' client dials 127.0.0.1 and would run at loopback's
-// 64 KiB, fewer segments and wake-ups per byte than any redirected path
-// has. Measured on 2026-12-07 (three alternating pairs, -phases bulk):
-// sealed relays 4.63 / 5.55 / 5.44 Gbit/s at the redirected MSS against
-// 6.03 / 6.36 / 6.12 at loopback's. The value is the MTU less the IPv4
-// and TCP headers; the kernel takes the timestamp option off it, as it
-// does on the redirected socket.
+// redirectedMSS is the TCP_MAXSEG that gives a relay leg inside a pod the
+// segments the same leg of a ztunnel path has, where the socket's route
+// is a pod link but its packets go over loopback:
+//
+//   - the client's leg (client → relay 1): the kernel sizes a socket's
+//     segments from the route to the address dialled, before the mesh's
+//     REDIRECT sends the packets over loopback to ztunnel, so that leg
+//     runs at the pod link's MTU (1 448 B of payload here, seen with ss
+//     -tni); the relays' client dials 127.0.0.1 and would run at
+//     loopback's 64 KiB, fewer segments and wake-ups per byte than any
+//     redirected path has. Measured on 2026-12-07 (three alternating
+//     pairs, -phases bulk): sealed relays 4.63 / 5.55 / 5.44 Gbit/s at the
+//     redirected MSS against 6.03 / 6.36 / 6.12 at loopback's.
+//   - the server's leg (relay 2 → server): ztunnel's inbound dials the
+//     server from the client's address (IP_TRANSPARENT), so the server
+//     announces the MSS of its route back to the client, a pod link's,
+//     and both directions run at it (ss -tni: mss 1448 each way), where
+//     the relay's dial from its own pod address ran at 65 483 / 32 768.
+//
+// The value is the MTU of the route from pod to dst less the IPv4 and TCP
+// headers; the kernel takes the timestamp option off it, as it does on
+// the redirected socket.
 func redirectedMSS(client *nstest.Pod, dst netip.Addr) (int, error) {
 	h, err := client.Netlink()
 	if err != nil {

@@ -292,8 +292,58 @@ func TestSealerSplitAndTamper(t *testing.T) {
 	}
 }
 
+// TestRelayTargetMSS: a target with ",mss=N" is dialled with that
+// TCP_MAXSEG, which caps what the target's side sends too (the relay's SYN
+// announces it); without it the relay's sockets keep loopback's segments.
+func TestRelayTargetMSS(t *testing.T) { inBothModes(t, testRelayTargetMSS) }
+
+func testRelayTargetMSS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	capped, plain := freePort(t), freePort(t)
+	startTestRelay(t, capped+">"+ln.Addr().String()+",mss=1460", plain+">"+ln.Addr().String())
+	for _, tc := range []struct {
+		front    string
+		min, max int
+	}{{capped, 1400, 1460}, {plain, 16 << 10, 1 << 16}} {
+		c, err := net.Dial("tcp", tc.front)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatalf("the relay at %s did not dial: %v", tc.front, err)
+		}
+		got, err := socketMSS(s)
+		s.Close()
+		if err != nil || got < tc.min || got > tc.max {
+			t.Errorf("through %s: the target's socket has TCP_MAXSEG %d (%v), want %d..%d", tc.front, got, err, tc.min, tc.max)
+		}
+	}
+}
+
+// socketMSS is c's TCP_MAXSEG: the segment size it sends at.
+func socketMSS(c net.Conn) (int, error) {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var got int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) }); err != nil {
+		return 0, err
+	}
+	return got, gerr
+}
+
 func TestRelayMainRejectsBadArguments(t *testing.T) {
-	for _, args := range [][]string{nil, {"127.0.0.1:1"}, {"nowhere>127.0.0.1:1"}, {"127.0.0.1:1>nowhere"}} {
+	for _, args := range [][]string{nil, {"127.0.0.1:1"}, {"nowhere>127.0.0.1:1"}, {"127.0.0.1:1>nowhere"},
+		{"127.0.0.1:1>127.0.0.1:2,mss=x"}, {"127.0.0.1:1>127.0.0.1:2,mss=0"}} {
 		if err := relayMain(args, os.Stdin, io.Discard); err == nil {
 			t.Errorf("relayMain(%q) succeeded", args)
 		}
@@ -313,10 +363,7 @@ func TestDialerMSS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rc, _ := c.(*net.TCPConn).SyscallConn()
-		var got int
-		var gerr error
-		rc.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) })
+		got, gerr := socketMSS(c)
 		c.Close()
 		if gerr != nil || got < tc.min || got > tc.max {
 			t.Errorf("mss %d: the connection's TCP_MAXSEG %d (%v), want %d..%d", tc.mss, got, gerr, tc.min, tc.max)

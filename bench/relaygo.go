@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"syscall"
 )
 
@@ -27,13 +26,11 @@ func relayGoroutines(args []string, stdin *os.File, stdout io.Writer) error {
 		}
 	}()
 	for _, a := range args {
-		from, to, ok := strings.Cut(a, ">")
-		if !ok {
-			return fmt.Errorf("relay: %q: want listen>target", a)
+		ra, err := parseRelayArg(a)
+		if err != nil {
+			return err
 		}
-		from, sealAcc := strings.CutPrefix(from, sealedPrefix)
-		to, sealDial := strings.CutPrefix(to, sealedPrefix)
-		ln, err := net.Listen("tcp4", from)
+		ln, err := net.Listen("tcp4", ra.listen.String())
 		if err != nil {
 			return fmt.Errorf("relay: %w", err)
 		}
@@ -44,7 +41,7 @@ func relayGoroutines(args []string, stdin *os.File, stdout io.Writer) error {
 				if err != nil {
 					return
 				}
-				go serveGoroutines(c, to, sealAcc, sealDial)
+				go serveGoroutines(c, ra)
 			}
 		}()
 	}
@@ -55,19 +52,19 @@ func relayGoroutines(args []string, stdin *os.File, stdout io.Writer) error {
 	return nil
 }
 
-// serveGoroutines relays one accepted connection to a new one to "to",
-// sealing either side as its listener says.
-func serveGoroutines(down net.Conn, to string, sealAcc, sealDial bool) {
-	up, err := net.Dial("tcp4", to)
+// serveGoroutines relays one accepted connection to a new one to
+// ra.target, sealing either side as ra says.
+func serveGoroutines(down net.Conn, ra relayArg) {
+	up, err := mssDialer(ra.targetMSS).Dial("tcp4", ra.target.String())
 	if err != nil {
 		down.Close()
 		return
 	}
 	var ds, us *sealer
-	if sealAcc {
+	if ra.sealListen {
 		ds, _ = newSealer(false)
 	}
-	if sealDial {
+	if ra.sealTarget {
 		us, _ = newSealer(true)
 	}
 	done := make(chan struct{}, 2)

@@ -4,10 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"runtime"
-	"strings"
 	"syscall"
 	"unsafe"
 
@@ -29,9 +27,11 @@ type relayEnd struct {
 	// listener: a listening socket; target is where its connections go.
 	// sealAccepted, sealDialed: the accepted or the dialled sockets carry
 	// sealed records (relayseal.go).
+	// targetMSS, if set, is the TCP_MAXSEG of the dialled sockets.
 	listener                 bool
 	target                   unix.SockaddrInet4
 	sealAccepted, sealDialed bool
+	targetMSS                int
 	// seal: this socket carries sealed records; nil: plain bytes.
 	seal *sealer
 	// connecting: the dial to the target has not completed.
@@ -65,10 +65,9 @@ const (
 	relayModeGoroutines = "goroutines"
 )
 
-// relayMain runs a relay until its stdin reaches EOF. Each argument is
-// "listen>target", IPv4 address:port each; the side prefixed "sealed:"
-// carries sealed records (relayseal.go). It is started inside a pod's
-// network namespace (startRelay), so its sockets are the pod's.
+// relayMain runs a relay until its stdin reaches EOF. Each argument is a
+// relayArg ("listen>target"). It is started inside a pod's network
+// namespace (startRelay), so its sockets are the pod's.
 func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("relay: no listen>target pairs")
@@ -94,11 +93,11 @@ func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 	l := &relayLoop{ep: ep, stdinFD: int(stdin.Fd()), ends: map[int]*relayEnd{}, buf: make([]byte, relayBufSize), sbuf: make([]byte, 0, sealedSize(relayBufSize))}
 	defer l.closeAll()
 	for _, a := range args {
-		from, to, ok := strings.Cut(a, ">")
-		if !ok {
-			return fmt.Errorf("relay: %q: want listen>target", a)
+		ra, err := parseRelayArg(a)
+		if err != nil {
+			return err
 		}
-		if err := l.listen(from, to); err != nil {
+		if err := l.listen(ra); err != nil {
 			return err
 		}
 	}
@@ -111,32 +110,23 @@ func relayMain(args []string, stdin *os.File, stdout io.Writer) error {
 	return l.run()
 }
 
-func (l *relayLoop) listen(from, to string) error {
-	from, sealAccepted := strings.CutPrefix(from, sealedPrefix)
-	to, sealDialed := strings.CutPrefix(to, sealedPrefix)
-	la, err := netip.ParseAddrPort(from)
-	if err != nil {
-		return fmt.Errorf("relay: listen address: %w", err)
-	}
-	ta, err := netip.ParseAddrPort(to)
-	if err != nil {
-		return fmt.Errorf("relay: target address: %w", err)
-	}
+func (l *relayLoop) listen(ra relayArg) error {
+	la, ta := ra.listen, ra.target
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("relay: socket: %w", err)
 	}
 	e := &relayEnd{fd: fd, listener: true, target: unix.SockaddrInet4{Port: int(ta.Port()), Addr: ta.Addr().As4()},
-		sealAccepted: sealAccepted, sealDialed: sealDialed}
+		sealAccepted: ra.sealListen, sealDialed: ra.sealTarget, targetMSS: ra.targetMSS}
 	l.ends[fd] = e
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		return fmt.Errorf("relay: SO_REUSEADDR: %w", err)
 	}
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(la.Port()), Addr: la.Addr().As4()}); err != nil {
-		return fmt.Errorf("relay: bind %s: %w", from, err)
+		return fmt.Errorf("relay: bind %s: %w", la, err)
 	}
 	if err := unix.Listen(fd, 4096); err != nil {
-		return fmt.Errorf("relay: listen %s: %w", from, err)
+		return fmt.Errorf("relay: listen %s: %w", la, err)
 	}
 	return l.watch(e, unix.EPOLLIN)
 }
@@ -195,6 +185,10 @@ func (l *relayLoop) accept(ln *relayEnd) {
 		}
 		setNoDelay(down.fd)
 		setNoDelay(up.fd)
+		if ln.targetMSS > 0 && setMSS(up.fd, ln.targetMSS) != nil {
+			l.close(down)
+			continue
+		}
 		sa := rawSockaddr(ln.target)
 		_, _, errno = unix.RawSyscall(unix.SYS_CONNECT, ufd, uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
 		if errno != 0 && errno != unix.EINPROGRESS {

@@ -185,9 +185,11 @@ type ScenarioResult struct {
 	// Relays: the cost figures are relay-pair's two relays (relay.go), not
 	// ztunnels; it has no idle-connection figures.
 	Relays bool `json:"relays,omitempty"`
-	// ClientMSS (relays only): the TCP_MAXSEG of the client's sockets, the
-	// segments a redirected connection has (redirectedMSS).
+	// ClientMSS, ServerMSS (relays only): the TCP_MAXSEG of the client's
+	// sockets and of the second relay's sockets to the server, the
+	// segments those legs have on a ztunnel path (redirectedMSS).
 	ClientMSS       int     `json:"client_mss,omitempty"`
+	ServerMSS       int     `json:"server_mss,omitempty"`
 	DurationSeconds float64 `json:"duration_s"`
 }
 
@@ -240,7 +242,15 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	// ztunnel, looked up at each use because every part restarts them.
 	pidOf := func(ni int) int { return r.node(ni).Pid() }
 	if d.relays {
-		rp, err := startRelayPair(ctx, r.mesh.Pods[d.client].Pod, r.mesh.Pods[d.server].Pod, d.sealed)
+		client, server := r.mesh.Pods[d.client], r.mesh.Pods[d.server]
+		if p.mss, err = redirectedMSS(client.Pod, server.IP); err != nil {
+			return res, err
+		}
+		if res.ServerMSS, err = redirectedMSS(server.Pod, client.IP); err != nil {
+			return res, err
+		}
+		res.ClientMSS = p.mss
+		rp, err := startRelayPair(ctx, client.Pod, server.Pod, d.sealed, res.ServerMSS)
 		if err != nil {
 			return res, err
 		}
@@ -251,10 +261,6 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 				err = serr
 			}
 		}()
-		if p.mss, err = redirectedMSS(p.client, p.server); err != nil {
-			return res, err
-		}
-		res.ClientMSS = p.mss
 		p.server, p.portShift = netip.MustParseAddr("127.0.0.1"), relayPortShift
 		pidOf = rp.pid
 	}
@@ -266,7 +272,7 @@ func (r *runner) run(ctx context.Context, d scenarioDef) (res ScenarioResult, er
 	counted := map[int]float64{}
 	r.progress("[%s] %s → %s", d.name, d.client, d.server)
 	if p.mss > 0 {
-		r.progress("[%s] the client's sockets at TCP_MAXSEG %d, as a redirected connection's segments are", d.name, p.mss)
+		r.progress("[%s] the client's sockets at TCP_MAXSEG %d, as a redirected connection's segments are, and the second relay's to the server at %d, as ztunnel's inbound from the client's address", d.name, p.mss, res.ServerMSS)
 	}
 	ran := r.cfg.phases.has
 	err = r.fresh(ctx, d, p, counted, func() error {

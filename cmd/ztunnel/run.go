@@ -58,6 +58,8 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Before anything starts: on success it does not return (timerslack.go).
+	slackErr := applyTimerSlack(cfg.TimerSlack, environ)
 	lw := newLogWriter(logOut)
 	// Runs before main prints run's error, so the lines leading up to it
 	// come first.
@@ -65,6 +67,9 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 	a, err := start(ctx, cfg, lw)
 	if err != nil {
 		return err
+	}
+	if slackErr != nil {
+		a.log.Warn("kept the inherited timer slack", "error", slackErr)
 	}
 	setMemoryLimit(environ, a.log)
 	if n, scaled := setWorkerThreads(environ, cfg.WorkerThreads, a.log); scaled {
@@ -114,7 +119,8 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	a.setup = workers.New(a.runCtx, keptSetupWorkers)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	aesgcm.UseAssembly(cfg.AESGCMAssembly)
-	a.log.Info("starting", "version", buildVersion(), "mode", cfg.ProxyMode, "node", cfg.NodeName, "aesGcmAssembly", aesgcm.Accelerated())
+	a.log.Info("starting", "version", buildVersion(), "mode", cfg.ProxyMode, "node", cfg.NodeName, "aesGcmAssembly", aesgcm.Accelerated(),
+		"timerSlack", timerSlack().String())
 	fail := func(err error) (*app, error) {
 		a.shutdownNow()
 		return nil, err
@@ -349,6 +355,7 @@ func configDump(c *config.Config) map[string]any {
 		"connectionWindowSize":     c.ConnWindowSize,
 		"frameSize":                c.FrameSize,
 		"aesGcmAssembly":           aesgcm.Accelerated(),
+		"timerSlack":               timerSlack().String(),
 		"secretTtl":                c.SecretTTL.String(),
 		"selfTerminationDeadline":  c.TerminationDeadline.String(),
 		"adminAddr":                c.AdminAddr,

@@ -138,6 +138,11 @@ type Config struct {
 	// the default) or always with Go's crypto/cipher (ZTUNNEL_AES_GCM=go).
 	AESGCMAssembly bool
 
+	// TimerSlack is the kernel timer slack ztunnel runs its threads with
+	// (ZTUNNEL_TIMER_SLACK, a duration from 0 to 10ms; default 1ms; 0
+	// keeps the one it was started with). See cmd/ztunnel/timerslack.go.
+	TimerSlack time.Duration
+
 	PoolMaxStreamsPerConn int
 	PoolUnusedRelease     time.Duration
 	StreamWindowSize      uint32
@@ -244,6 +249,7 @@ func Parse(environ []string) (*Config, error) {
 
 	c.WorkerThreads = p.workerThreads()
 	c.AESGCMAssembly = p.oneOf("ZTUNNEL_AES_GCM", "auto", "auto", "go") == "auto"
+	c.TimerSlack = p.timerSlack()
 	c.PoolMaxStreamsPerConn = int(p.uint("POOL_MAX_STREAMS_PER_CONNECTION", defaultPoolMaxStreams, 1, 1<<16-1))
 	c.PoolUnusedRelease = p.duration("POOL_UNUSED_RELEASE_TIMEOUT", defaultPoolIdle)
 	c.StreamWindowSize = uint32(p.uint("HTTP2_STREAM_WINDOW_SIZE", defaultStreamWindow, 1<<16-1, 1<<31-1))
@@ -382,6 +388,29 @@ func (p *parser) duration(name string, def time.Duration) time.Duration {
 	}
 	p.failVar(name, v, `must be a positive duration such as "30s" or "5m"`)
 	return def
+}
+
+// Timer slack bounds: above maxTimerSlack the runtime's own short sleeps
+// (sysmon's, a spinning thread's before it steals work) would stretch
+// into whole scheduler time slices.
+const (
+	defaultTimerSlack = time.Millisecond
+	maxTimerSlack     = 10 * time.Millisecond
+)
+
+func (p *parser) timerSlack() time.Duration {
+	v, ok := p.get("ZTUNNEL_TIMER_SLACK")
+	if !ok {
+		return defaultTimerSlack
+	}
+	if v == "0" {
+		return 0
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 && d <= maxTimerSlack {
+		return d
+	}
+	p.failVar("ZTUNNEL_TIMER_SLACK", v, `must be a duration from 0 to 10ms, such as "1ms" or "50us"`)
+	return defaultTimerSlack
 }
 
 func parseDuration(v string) (time.Duration, bool) {

@@ -30,6 +30,7 @@ func TestDefaults(t *testing.T) {
 		{"ConnWindowSize", c.ConnWindowSize, uint32(16 << 20)},
 		{"FrameSize", c.FrameSize, uint32(1 << 20)},
 		{"AESGCMAssembly", c.AESGCMAssembly, true},
+		{"TimerSlack", c.TimerSlack, time.Millisecond},
 		{"TerminationDeadline", c.TerminationDeadline, 5 * time.Second},
 		{"AdminAddr", c.AdminAddr, "127.0.0.1:15000"},
 		{"StatsAddr", c.StatsAddr, "[::]:15020"},
@@ -60,6 +61,7 @@ func TestValues(t *testing.T) {
 		"LOCAL_XDS_PATH=/tmp/x.yaml",
 		"KUBERNETES_SERVICE_HOST=10.0.0.1",
 		"ZTUNNEL_AES_GCM=go",
+		"ZTUNNEL_TIMER_SLACK=250us",
 		"ISTIO_META_CLUSTER_ID=c2",
 		"ISTIO_META_FOO=bar",
 		"XDS_HEADER_X_A=1",
@@ -92,6 +94,12 @@ func TestValues(t *testing.T) {
 	if c.AESGCMAssembly {
 		t.Error("ZTUNNEL_AES_GCM=go left AESGCMAssembly on")
 	}
+	if c.TimerSlack != 250*time.Microsecond {
+		t.Errorf("TimerSlack = %v, want 250µs", c.TimerSlack)
+	}
+	if c, err := Parse([]string{"ZTUNNEL_TIMER_SLACK=0"}); err != nil || c.TimerSlack != 0 {
+		t.Errorf("ZTUNNEL_TIMER_SLACK=0: %v (%v), want 0: keep the inherited slack", c.TimerSlack, err)
+	}
 	if c.AuthToken.Static != "static-token" {
 		t.Errorf("AuthToken = %+v", c.AuthToken)
 	}
@@ -123,6 +131,8 @@ func TestBadValues(t *testing.T) {
 		{"worker threads zero", []string{"ZTUNNEL_WORKER_THREADS=0"}, `config: ZTUNNEL_WORKER_THREADS="0": must be an integer of at least 1 or a percentage such as 50%`},
 		{"worker threads percent", []string{"ZTUNNEL_WORKER_THREADS=150%"}, `config: ZTUNNEL_WORKER_THREADS="150%": a percentage must be above 0 and at most 100`},
 		{"aes gcm", []string{"ZTUNNEL_AES_GCM=off"}, `config: ZTUNNEL_AES_GCM="off": must be one of auto, go`},
+		{"timer slack unit", []string{"ZTUNNEL_TIMER_SLACK=1"}, `config: ZTUNNEL_TIMER_SLACK="1": must be a duration from 0 to 10ms, such as "1ms" or "50us"`},
+		{"timer slack large", []string{"ZTUNNEL_TIMER_SLACK=1s"}, `config: ZTUNNEL_TIMER_SLACK="1s": must be a duration from 0 to 10ms, such as "1ms" or "50us"`},
 		{"cpu limit", []string{"ZTUNNEL_WORKER_THREADS=50%", "ZTUNNEL_CPU_LIMIT=none"}, `config: ZTUNNEL_CPU_LIMIT="none": must be an integer from 1 to 65536`},
 		{"idle timeout", []string{"POOL_UNUSED_RELEASE_TIMEOUT=-1s"}, `config: POOL_UNUSED_RELEASE_TIMEOUT="-1s": must be a positive duration such as "30s" or "5m"`},
 		{"grace period", []string{"TERMINATION_GRACE_PERIOD_SECONDS=soon"}, `config: TERMINATION_GRACE_PERIOD_SECONDS="soon": must be a whole number of seconds`},

@@ -27,5 +27,7 @@
 // addresses; defaults 127.0.0.1:15000, [::]:15020, [::]:15021), LOG_LEVEL,
 // LOG_FORMAT, ZTUNNEL_AES_GCM (auto, the default: HBONE records sealed with
 // package aesgcm's VAES assembly where the CPU has it; go: Go's AES-GCM
-// always).
+// always), ZTUNNEL_TIMER_SLACK (the kernel timer slack of every thread,
+// applied by one re-exec at start-up; default 1ms, 0 keeps the inherited
+// one; see cmd/ztunnel/timerslack.go).
 package config

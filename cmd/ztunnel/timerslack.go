@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"syscall"
 	"time"
 
@@ -37,8 +38,8 @@ import (
 // slack late — deadlines and idle timeouts here have second-scale values,
 // and upstream's tokio runs its timers at millisecond granularity anyway.
 
-// timerSlackMarker is set in the environment of the re-executed process.
-const timerSlackMarker = "ZTUNNEL_TIMER_SLACK_APPLIED"
+// timerSlackMarker is added to the environment of the re-executed process.
+const timerSlackMarker = "ZTUNNEL_TIMER_SLACK_APPLIED=1"
 
 // applyTimerSlack execs ztunnel again with slack as every thread's timer
 // slack, unless slack is 0 (keep the inherited one) or already in force.
@@ -48,17 +49,15 @@ func applyTimerSlack(slack time.Duration, environ []string) error {
 	if slack <= 0 {
 		return nil
 	}
-	cur, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
+	cur, err := readTimerSlack()
 	if err != nil {
-		return fmt.Errorf("timer slack: read: %w", err)
+		return err
 	}
-	if time.Duration(cur) == slack {
+	if cur == slack {
 		return nil
 	}
-	for _, kv := range environ {
-		if kv == timerSlackMarker+"=1" {
-			return fmt.Errorf("timer slack: %v after re-exec, want %v", time.Duration(cur), slack)
-		}
+	if slices.Contains(environ, timerSlackMarker) {
+		return fmt.Errorf("timer slack: %v after re-exec, want %v", cur, slack)
 	}
 	// The slack set here must be the exec'ing thread's.
 	runtime.LockOSThread()
@@ -66,7 +65,7 @@ func applyTimerSlack(slack time.Duration, environ []string) error {
 	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(slack), 0, 0, 0); err != nil {
 		return fmt.Errorf("timer slack: set %v: %w", slack, err)
 	}
-	env := append(environ[:len(environ):len(environ)], timerSlackMarker+"=1")
+	env := append(environ[:len(environ):len(environ)], timerSlackMarker)
 	// /proc/self/exe is the running binary even if its file was replaced.
 	err = syscall.Exec("/proc/self/exe", os.Args, env)
 	// Back to the slack every other thread has.
@@ -74,11 +73,18 @@ func applyTimerSlack(slack time.Duration, environ []string) error {
 	return fmt.Errorf("timer slack: re-exec: %w", err)
 }
 
-// timerSlack is the calling thread's timer slack, for the start-up log.
-func timerSlack() time.Duration {
+// readTimerSlack is the calling thread's timer slack.
+func readTimerSlack() (time.Duration, error) {
 	cur, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
 	if err != nil {
-		return 0
+		return 0, fmt.Errorf("timer slack: read: %w", err)
 	}
-	return time.Duration(cur)
+	return time.Duration(cur), nil
+}
+
+// timerSlack is readTimerSlack for the start-up log and config_dump (0
+// when it cannot be read).
+func timerSlack() time.Duration {
+	d, _ := readTimerSlack()
+	return d
 }

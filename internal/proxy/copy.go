@@ -93,11 +93,21 @@ func pipe(down, up net.Conn, counts *counters) error {
 // parked in pipe, where a new goroutine parks with a small one (measured
 // in-process: 4.1 KB less stack per idle outbound connection). A drain
 // waits for cleanup as it waits for a handler.
+//
+// cleanup runs on a kept worker (Options.Workers), not on the copying
+// goroutine: the access log it writes goes deep (slog's handler chain)
+// and grew the copying goroutine's small stack on nearly every
+// connection, a copy of the whole stack each time (uprobes on
+// runtime.morestack in the bench's connection loop: one per connection
+// on each node, under record.done), where a worker's stack stays grown.
 func (p *Proxy) relay(down, up net.Conn, counts *counters, cleanup func(error)) {
 	end := p.conns.begin()
 	go func() {
-		defer end()
-		cleanup(pipe(down, up, counts))
+		err := pipe(down, up, counts)
+		p.opts.Workers.Go(func() {
+			defer end()
+			cleanup(err)
+		})
 	}()
 }
 

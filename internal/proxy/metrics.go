@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -92,6 +94,44 @@ type Metrics struct {
 	rejected *prometheus.CounterVec
 
 	acceptErrors *prometheus.CounterVec // by port, reason (accept.go)
+
+	// series caches each label set's connection series. A lookup in the
+	// vectors hashes and validates all 23 label values, once per vector:
+	// 3.4-4.0 µs of every connection (BenchmarkRecordMetrics) where a map
+	// hit is a fraction of that. Entries live as long as the vectors'
+	// own children, which are never deleted, so the cache adds no
+	// cardinality of its own.
+	seriesMu sync.RWMutex
+	series   map[TrafficLabels]*trafficSeries
+}
+
+// trafficSeries are one label set's children of the connection vectors.
+type trafficSeries struct {
+	opened, closed, sent, received prometheus.Counter
+}
+
+// seriesFor returns l's series, from the vectors the first time.
+func (m *Metrics) seriesFor(l *TrafficLabels) *trafficSeries {
+	m.seriesMu.RLock()
+	s := m.series[*l]
+	m.seriesMu.RUnlock()
+	if s != nil {
+		return s
+	}
+	v := l.values()
+	s = &trafficSeries{
+		opened:   m.opened.WithLabelValues(v...),
+		closed:   m.closed.WithLabelValues(v...),
+		sent:     m.sent.WithLabelValues(v...),
+		received: m.received.WithLabelValues(v...),
+	}
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
+	if old := m.series[*l]; old != nil {
+		return old
+	}
+	m.series[*l] = s
+	return s
 }
 
 // NewMetrics registers the proxy metrics on reg (nil: collected but not
@@ -116,5 +156,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Connections refused before reaching a destination, by reason.", []string{"direction", "reason"}),
 		acceptErrors: counter("ztunnel_accept_errors_total",
 			"Failed accepts on 15001/15006/15008 (the listener backs off and retries), by port and reason.", []string{"port", "reason"}),
+		series: make(map[TrafficLabels]*trafficSeries),
 	}
 }

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestAccessLog: one line per connection with upstream's field names, at
@@ -75,5 +78,70 @@ func TestAccessLog(t *testing.T) {
 	}
 	if lines := run(slog.LevelWarn, errors.New("boom")); len(lines) != 1 {
 		t.Fatalf("failed connection not logged at level WARN: %v", lines)
+	}
+}
+
+// BenchmarkRecordMetrics: the metric work of one connection with a label
+// set seen before (the common case: a node's label sets are bounded by
+// its workloads): open, a byte count flush, done with logging off.
+func BenchmarkRecordMetrics(b *testing.B) {
+	src := netip.MustParseAddrPort("10.0.0.1:40000")
+	dst := netip.MustParseAddrPort("10.0.0.2:8080")
+	labels := TrafficLabels{
+		Reporter: reporterSource, SourceWorkload: "client", SourceNamespace: "default",
+		SourcePrincipal: "spiffe://cluster.local/ns/default/sa/client", DestinationWorkload: "server",
+		DestinationNamespace: "default", DestinationPrincipal: "spiffe://cluster.local/ns/default/sa/server",
+		DestinationService: "server.default.svc.cluster.local", RequestProtocol: "tcp", ResponseFlags: flagNone,
+		SecurityPolicy: policyMutualTLS,
+	}
+	m := NewMetrics(nil)
+	log := slog.New(slog.DiscardHandler)
+	b.ReportAllocs()
+	for b.Loop() {
+		r := newRecord(m, log, "outbound", src, dst)
+		r.open(labels)
+		r.counts.received.Store(100)
+		r.counts.sent.Store(2048)
+		r.done(nil)
+	}
+}
+
+// TestSeriesPerLabelSet: connections with equal labels count into one
+// series and a different label set into its own, whether a record finds
+// its series in the cache or creates them.
+func TestSeriesPerLabelSet(t *testing.T) {
+	m := NewMetrics(nil)
+	log := slog.New(slog.DiscardHandler)
+	a := TrafficLabels{Reporter: reporterSource, SourceWorkload: "client", DestinationWorkload: "server"}
+	b := a
+	b.DestinationWorkload = "other"
+	conn := func(l TrafficLabels, recv, sent int64) {
+		r := newRecord(m, log, "outbound", netip.AddrPort{}, netip.AddrPort{})
+		r.open(l)
+		r.counts.received.Store(recv)
+		r.counts.sent.Store(sent)
+		r.done(nil)
+	}
+	conn(a, 10, 1)
+	conn(b, 20, 2)
+	conn(a, 30, 3)
+	for _, c := range []struct {
+		l                              TrafficLabels
+		opened, closed, received, sent float64
+	}{{a, 2, 2, 40, 4}, {b, 1, 1, 20, 2}} {
+		v := c.l.values()
+		got := []float64{
+			testutil.ToFloat64(m.opened.WithLabelValues(v...)),
+			testutil.ToFloat64(m.closed.WithLabelValues(v...)),
+			testutil.ToFloat64(m.received.WithLabelValues(v...)),
+			testutil.ToFloat64(m.sent.WithLabelValues(v...)),
+		}
+		want := []float64{c.opened, c.closed, c.received, c.sent}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: opened, closed, received, sent = %v, want %v", c.l.DestinationWorkload, got, want)
+		}
+	}
+	if n := len(m.series); n != 2 {
+		t.Errorf("cached label sets: %d, want 2", n)
 	}
 }

@@ -184,7 +184,7 @@ func BenchmarkThroughput(b *testing.B) {
 			use(b, tu.direct, tu.batch, tu.records)
 			e := newEnv(b, sinkHandler, envOpts{})
 			total := int64(b.N) * benchChunk
-			hdr := http.Header{"X-Bench-Download": {strconv.FormatInt(total, 10)}}
+			hdr := &ConnectHeader{Extra: http.Header{"X-Bench-Download": {strconv.FormatInt(total, 10)}}}
 			b.SetBytes(benchChunk)
 			b.ReportAllocs()
 			b.ResetTimer()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -29,6 +30,18 @@ const (
 	// CONNECT of double HBONE.
 	HeaderForwardedNetwork = "x-forwarded-network"
 )
+
+// ConnectHeader is what a CONNECT carries besides :method and :authority.
+// The proxy sends a fixed set of fields, so they are plain strings: a new
+// connection builds no header map (and no slice per value) for them.
+type ConnectHeader struct {
+	Forwarded   string // HeaderForwarded; "" leaves the field out, as for the others
+	Traceparent string // HeaderTraceparent
+	Baggage     string // HeaderBaggage
+	// Extra holds further fields, keyed as in http.Header; the proxy
+	// leaves it nil.
+	Extra http.Header
+}
 
 // ParseAuthority parses a CONNECT :authority that must be a literal
 // ip:port, as ztunnel peers send for workload destinations. IPv4-mapped

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -244,7 +245,6 @@ func FuzzParseTraceParent(f *testing.F) {
 // with the headers the proxy sends: the same :authority and baggage on
 // every stream, a Forwarded and a traceparent that differ on each.
 func BenchmarkConnectHeaders(b *testing.B) {
-	hdr := http.Header{}
 	baggage := FormatBaggage(Baggage{
 		ClusterID: "Kubernetes", Namespace: "default", WorkloadName: "client",
 		ServiceName: "client", Revision: "v1", Region: "us-east1", Zone: "us-east1-b",
@@ -258,11 +258,13 @@ func BenchmarkConnectHeaders(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		port++
-		hdr.Set("Forwarded", FormatForwarded(netip.AddrPortFrom(client, port), ""))
-		hdr.Set("Traceparent", NewTraceParent().String())
-		hdr.Set("Baggage", baggage)
+		hdr := ConnectHeader{
+			Forwarded:   FormatForwarded(netip.AddrPortFrom(client, port), ""),
+			Traceparent: NewTraceParent().String(),
+			Baggage:     baggage,
+		}
 		buf.Reset()
-		for _, f := range connectFields("10.244.2.9:8080", hdr) {
+		for _, f := range connectFields("10.244.2.9:8080", &hdr) {
 			_ = enc.WriteField(f)
 		}
 		if _, err := dec.Write(buf.Bytes()); err != nil {
@@ -273,4 +275,33 @@ func BenchmarkConnectHeaders(b *testing.B) {
 	// Averaged: a block is small while :authority and baggage are in the
 	// dynamic tables and large each time eviction pushed them out.
 	b.ReportMetric(float64(total)/float64(n), "block-bytes")
+}
+
+// TestConnectFields: :method and :authority first, then the set fields of
+// the ConnectHeader in a fixed order (empty ones left out), then Extra in
+// lower case without hop-by-hop fields.
+func TestConnectFields(t *testing.T) {
+	name := func(f []hpack.HeaderField) []string {
+		var s []string
+		for _, x := range f {
+			s = append(s, x.Name+"="+x.Value)
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		h    *ConnectHeader
+		want []string
+	}{
+		{"nil", nil, []string{":method=CONNECT", ":authority=10.0.0.1:80"}},
+		{"all", &ConnectHeader{Forwarded: `for="10.0.0.9:4000"`, Traceparent: "00-aa-bb-01", Baggage: "k8s.namespace.name=ns"},
+			[]string{":method=CONNECT", ":authority=10.0.0.1:80", `forwarded=for="10.0.0.9:4000"`, "traceparent=00-aa-bb-01", "baggage=k8s.namespace.name=ns"}},
+		{"empty left out", &ConnectHeader{Baggage: "b"}, []string{":method=CONNECT", ":authority=10.0.0.1:80", "baggage=b"}},
+		{"extra", &ConnectHeader{Traceparent: "t", Extra: http.Header{"X-Test": {"1"}, "Connection": {"close"}}},
+			[]string{":method=CONNECT", ":authority=10.0.0.1:80", "traceparent=t", "x-test=1"}},
+	} {
+		if got := name(connectFields("10.0.0.1:80", tc.h)); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

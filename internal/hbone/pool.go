@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 	"time"
 
@@ -122,11 +121,11 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 
 // Connect opens a CONNECT stream to authority (the inner destination,
 // "ip:port", or "host:port" for a service hostname) over a pooled
-// connection for key, sending hdr (baggage, forwarded, traceparent...;
-// not modified, may be nil). It returns once the server answered 200; any
+// connection for key, sending hdr's fields (may be nil; not modified).
+// It returns once the server answered 200; any
 // other status is a *StatusError. ctx bounds only the setup: the stream
 // lives until Close. Failures to set up a connection are *ConnectError.
-func (p *Pool) Connect(ctx context.Context, key Key, authority string, hdr http.Header) (*Stream, error) {
+func (p *Pool) Connect(ctx context.Context, key Key, authority string, hdr *ConnectHeader) (*Stream, error) {
 	if err := checkClientAuthority(authority); err != nil {
 		return nil, err
 	}

@@ -182,7 +182,7 @@ func (p *Pool) connClosed(c *poolConn) {
 // open sends the CONNECT on c, whose slot the caller reserved. retry
 // reports whether the request got no answer and may go to another
 // connection.
-func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr http.Header) (s *Stream, retry bool, err error) {
+func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr *ConnectHeader) (s *Stream, retry bool, err error) {
 	hs, err := c.h.openStream(connectFields(authority, hdr))
 	if err == nil {
 		select {
@@ -216,12 +216,24 @@ func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr http
 }
 
 // connectFields are the CONNECT request's header fields: :method and
-// :authority (RFC 9113 §8.5: no :scheme or :path), then hdr in lower
-// case, without hop-by-hop fields and empty values.
-func connectFields(authority string, hdr http.Header) []hpack.HeaderField {
-	f := make([]hpack.HeaderField, 0, 2+len(hdr))
+// :authority (RFC 9113 §8.5: no :scheme or :path), then h's set fields,
+// then h.Extra in lower case, without hop-by-hop fields.
+func connectFields(authority string, h *ConnectHeader) []hpack.HeaderField {
+	f := make([]hpack.HeaderField, 0, 5)
 	f = append(f, hpack.HeaderField{Name: ":method", Value: http.MethodConnect}, hpack.HeaderField{Name: ":authority", Value: authority})
-	return appendHeader(f, hdr)
+	if h == nil {
+		return f
+	}
+	for _, kv := range [...]struct{ name, value string }{
+		{HeaderForwarded, h.Forwarded},
+		{HeaderTraceparent, h.Traceparent},
+		{HeaderBaggage, h.Baggage},
+	} {
+		if kv.value != "" {
+			f = append(f, hpack.HeaderField{Name: kv.name, Value: kv.value})
+		}
+	}
+	return appendHeader(f, h.Extra)
 }
 
 func appendHeader(f []hpack.HeaderField, hdr http.Header) []hpack.HeaderField {

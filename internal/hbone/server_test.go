@@ -334,7 +334,7 @@ func TestNoFDLeak(t *testing.T) {
 func TestServerRejectsOversizedHeaders(t *testing.T) {
 	called := false
 	e := newEnv(t, func(ctx context.Context, req *Request) { called = true; req.Reject(500, "unexpected") }, envOpts{})
-	hdr := http.Header{"X-Big": {strings.Repeat("a", serverMaxHeaderBytes)}}
+	hdr := &ConnectHeader{Extra: http.Header{"X-Big": {strings.Repeat("a", serverMaxHeaderBytes)}}}
 	_, err := e.pool.Connect(testCtx(t), e.key, "10.0.0.1:80", hdr)
 	var se *StatusError
 	if !errors.As(err, &se) || se.Code != http.StatusRequestHeaderFieldsTooLarge {

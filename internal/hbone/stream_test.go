@@ -219,7 +219,7 @@ func TestStreamInfo(t *testing.T) {
 		st.Write([]byte(req.Authority.String() + " " + strconv.Itoa(int(req.LocalAddr.Port()))))
 		st.Close()
 	}, envOpts{})
-	hdr := map[string][]string{"Traceparent": {NewTraceParent().String()}}
+	hdr := &ConnectHeader{Traceparent: NewTraceParent().String()}
 	s, err := e.pool.Connect(testCtx(t), e.key, "10.1.2.3:8080", hdr)
 	if err != nil {
 		t.Fatal(err)

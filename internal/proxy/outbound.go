@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
@@ -239,19 +238,20 @@ func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn,
 
 func (p *Proxy) connectHBONE(r route, src netip.AddrPort, srcW *state.Workload) (net.Conn, error) {
 	key := hbone.Key{Src: p.self, Dst: hbone.DstIdentities(r.accept...), Addr: r.target}
-	hdr := http.Header{}
 	host := ""
 	if r.svc != nil {
 		host = r.svc.Hostname
 	}
-	hdr.Set("Forwarded", hbone.FormatForwarded(src, host))
-	hdr.Set("Traceparent", hbone.NewTraceParent().String())
+	hdr := hbone.ConnectHeader{
+		Forwarded:   hbone.FormatForwarded(src, host),
+		Traceparent: hbone.NewTraceParent().String(),
+	}
 	if b, ok := p.baggage(srcW); ok {
-		hdr.Set("Baggage", b)
+		hdr.Baggage = b
 	}
 	dctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
 	defer cancel()
-	s, err := p.opts.Pool.Connect(dctx, key, r.authority.String(), hdr)
+	s, err := p.opts.Pool.Connect(dctx, key, r.authority.String(), &hdr)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: hbone to %s via %s: %w", r.authority, r.target, err)
 	}

@@ -260,12 +260,13 @@ func TestMixedSmoke(t *testing.T) {
 	// Only the phases the mixed runs' checks read: the others are
 	// TestSmoke's, and leaving them out checks -phases on three clusters.
 	cfg, err := parseFlags([]string{"-duration", "150ms", "-scenarios", scCrossNode, "-idle-conns", "100", "-out", t.TempDir(), "-peer", peer, "-mixed", ca,
-		"-phases", phLatency + "," + phConnRate + "," + phBulk})
+		"-phases", phLatency + "," + phConnRate + "," + phBulk, "-interleave", "2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.prefix = "zbx"
 	cfg.holTargetPhase = 2 * time.Second
+	cfg.interleaveSlice = 200 * time.Millisecond
 	var stdout, progress bytes.Buffer
 	res, err := run(ctx, cfg, &stdout, &progress)
 	if err != nil {
@@ -294,6 +295,19 @@ func TestMixedSmoke(t *testing.T) {
 	for _, tg := range slices.Concat(res.Targets, res.PeerTargets) {
 		if tg.Name == targetHOL && tg.Note != notMeasured+": -phases left out "+phHOL {
 			t.Errorf("%s: note %q, want it not measured", tg.Name, tg.Note)
+		}
+	}
+	// -interleave: two paired rounds, every slice measured on both sides.
+	if il := res.Interleave; il == nil || len(il.Ours) != 2 || len(il.Peer) != 2 || il.ConnPerS.Rounds != 2 {
+		t.Errorf("interleave: %+v, want 2 rounds of ours and the peer", il)
+	} else {
+		for i := range 2 {
+			if il.Ours[i].ConnPerS <= 0 || il.Peer[i].ConnPerS <= 0 || il.Ours[i].CPUPerConnUS <= 0 || il.Peer[i].CPUPerConnUS <= 0 {
+				t.Errorf("interleave round %d: ours %+v, peer %+v; want every figure measured", i+1, il.Ours[i], il.Peer[i])
+			}
+		}
+		if !strings.Contains(progress.String(), "interleaved hbone-cross-node, 2 rounds") {
+			t.Errorf("no interleave summary in the progress output")
 		}
 	}
 	want := []string{"ztunnel-go→other-ztunnel", "other-ztunnel→ztunnel-go"}

@@ -79,6 +79,10 @@ type config struct {
 	// target's scenario and direct (holTargetPhase; tests shorten it).
 	holTargetPhase time.Duration
 	phases         phaseSet // -phases: the measurements each scenario runs
+	interleave     int      // -interleave: rounds of the paired connection-rate comparison with the peer; 0: none
+	// interleaveSlice: each side's connection loop in a round
+	// (interleaveSlice; tests shorten it).
+	interleaveSlice time.Duration
 }
 
 // The measurements of a scenario, by the names -phases takes. A run
@@ -165,6 +169,7 @@ func parseFlags(args []string) (config, error) {
 	mixed := fs.String("mixed", "", "with -peer: also run hbone-cross-node with one node this tree's ztunnel and the other the peer, both ways round (interop); the value is a plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem) holding the root the peer's FAKE_CA signs with")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated measurements each scenario runs; the others' figures stay zero and their targets \"not measured\"")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
+	inter := fs.Int("interleave", 0, "with -peer: after the scenarios, this many rounds of 2 s connection loops on hbone-cross-node alternating between ours and the peer, reported as paired ratios (an A/B of two builds in one run)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -174,7 +179,8 @@ func parseFlags(args []string) (config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg := config{duration: *dur, outDir: *out, quick: *quick, profile: *prof || set["profile-phase"], profilePhase: *profPhase,
-		binary: *bin, peer: *peer, mixedCA: *mixed, idleConns: *idle, rate: defaultRate, prefix: "zb", holTargetPhase: holTargetPhase}
+		binary: *bin, peer: *peer, mixedCA: *mixed, idleConns: *idle, rate: defaultRate, prefix: "zb", holTargetPhase: holTargetPhase,
+		interleave: *inter, interleaveSlice: interleaveSlice}
 	if !slices.Contains([]string{profileHOL, profileRPS, profileBulk, profileConn}, cfg.profilePhase) {
 		return config{}, fmt.Errorf("-profile-phase %q: want %s, %s, %s or %s", cfg.profilePhase, profileHOL, profileRPS, profileBulk, profileConn)
 	}
@@ -192,6 +198,12 @@ func parseFlags(args []string) (config, error) {
 	}
 	if cfg.idleConns < 1 || cfg.idleConns > 100000 {
 		return config{}, fmt.Errorf("-idle-conns %d: want 1..100000", cfg.idleConns)
+	}
+	if cfg.interleave < 0 || cfg.interleave > 500 {
+		return config{}, fmt.Errorf("-interleave %d: want 0..500", cfg.interleave)
+	}
+	if cfg.interleave > 0 && *peer == "" {
+		return config{}, errors.New("-interleave needs -peer: the other ztunnel of the pairs")
 	}
 	var err error
 	if cfg.peer != "" {
@@ -360,6 +372,14 @@ func run(ctx context.Context, cfg config, stdout, progress io.Writer) (_ *Result
 	if peer != nil {
 		res.Peer = peer.label + " (" + peer.path + ")"
 		res.Notes = append(res.Notes, peer.r.notes...)
+	}
+	if cfg.interleave > 0 {
+		if res.Interleave, err = interleave(ctx, r, peer.r, cfg.interleave, cfg.interleaveSlice, log); err != nil {
+			return nil, err
+		}
+		line := interleaveLine(res.Interleave, peer.label)
+		log("%s", line)
+		res.Notes = append(res.Notes, line)
 	}
 	if cfg.mixedCA != "" {
 		if res.MixedScenarios, err = runMixed(ctx, cfg, tmp, bin, progress); err != nil {

@@ -29,8 +29,10 @@ type Results struct {
 	// the peer on the other; Ztunnel is "<client side>→<server side>".
 	MixedScenarios []ScenarioResult `json:"mixed_scenarios,omitempty"`
 	PeerTargets    []Target         `json:"peer_targets,omitempty"`
-	Profiles       []string         `json:"profiles,omitempty"`
-	Notes          []string         `json:"notes"`
+	// Interleave (-interleave): paired connection-rate rounds, ours and the peer.
+	Interleave *InterleaveResult `json:"interleave,omitempty"`
+	Profiles   []string          `json:"profiles,omitempty"`
+	Notes      []string          `json:"notes"`
 }
 
 // Machine describes where the run happened.

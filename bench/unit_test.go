@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -274,6 +275,8 @@ func TestParseFlags(t *testing.T) {
 		{"peer that is a directory", []string{"-peer", "/"}, 0, 0, nil, "not an executable"},
 		{"mixed without a peer", []string{"-mixed", "/tmp"}, 0, 0, nil, "-mixed needs -peer"},
 		{"mixed without a CA", []string{"-peer", "/bin/sh", "-mixed", "/nonexistent"}, 0, 0, nil, "-mixed /nonexistent"},
+		{"interleave without a peer", []string{"-interleave", "10"}, 0, 0, nil, "-interleave needs -peer"},
+		{"interleave out of range", []string{"-peer", "/bin/sh", "-interleave", "-1"}, 0, 0, nil, "-interleave -1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -511,5 +514,24 @@ func TestSlotsDue(t *testing.T) {
 		if n < 400 || n > 600 {
 			t.Fatalf("jittered offsets: decile %d holds %d of 5000 (want ~500): %v", k, n, deciles)
 		}
+	}
+}
+
+// TestSummarizePairs: ratios and wins are taken round by round (not from
+// the medians), rounds where ours measured zero stay out of the ratio, and
+// the callers' slices keep their round order.
+func TestSummarizePairs(t *testing.T) {
+	ours := []float64{100, 200, 0, 400}
+	peer := []float64{110, 180, 50, 480}
+	s := summarizePairs(ours, peer)
+	// Ratios 1.1, 0.9, 1.2 (the zero round left out): median 1.1.
+	if math.Abs(s.RatioMedian-1.1) > 1e-9 || s.PeerHigher != 3 || s.Rounds != 4 {
+		t.Errorf("ratio median %v, peer higher %d, rounds %d; want 1.1, 3, 4", s.RatioMedian, s.PeerHigher, s.Rounds)
+	}
+	if s.OursMedian != 150 || s.PeerMedian != 145 {
+		t.Errorf("medians %v / %v, want 150 / 145", s.OursMedian, s.PeerMedian)
+	}
+	if !slices.Equal(ours, []float64{100, 200, 0, 400}) || !slices.Equal(peer, []float64{110, 180, 50, 480}) {
+		t.Errorf("inputs reordered: %v %v", ours, peer)
 	}
 }

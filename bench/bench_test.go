@@ -297,12 +297,14 @@ func TestMixedSmoke(t *testing.T) {
 			t.Errorf("%s: note %q, want it not measured", tg.Name, tg.Note)
 		}
 	}
-	// -interleave: two paired rounds, every slice measured on both sides.
+	// -interleave: two paired rounds, every figure measured on both sides.
 	if il := res.Interleave; il == nil || len(il.Ours) != 2 || len(il.Peer) != 2 || il.ConnPerS.Rounds != 2 {
 		t.Errorf("interleave: %+v, want 2 rounds of ours and the peer", il)
 	} else {
 		for i := range 2 {
-			if il.Ours[i].ConnPerS <= 0 || il.Peer[i].ConnPerS <= 0 || il.Ours[i].CPUPerConnUS <= 0 || il.Peer[i].CPUPerConnUS <= 0 {
+			o, p := il.Ours[i], il.Peer[i]
+			if o.ConnPerS <= 0 || p.ConnPerS <= 0 || o.CPUPerConnUS <= 0 || p.CPUPerConnUS <= 0 ||
+				o.VCPUAtRate <= 0 || p.VCPUAtRate <= 0 || o.P50AtRateUS <= 0 || p.P50AtRateUS <= 0 {
 				t.Errorf("interleave round %d: ours %+v, peer %+v; want every figure measured", i+1, il.Ours[i], il.Peer[i])
 			}
 		}

@@ -15,7 +15,10 @@ import (
 // (scripts/bench-ab), and the VM's drifts — its load moves by 10–15 %
 // between runs — fall on both alike. What it reports is paired: each
 // round's peer/ours ratio, their median and how many rounds the peer
-// won, for connections per second and for CPU per connection.
+// won, for connections per second and for CPU per connection — and, from
+// a 1000 rps slice on reused connections after each pair of connection
+// loops, for the ztunnels' CPU at that rate (the CPU target's load) and
+// the requests' p50.
 
 // interleaveSlice is each side's share of a round.
 const interleaveSlice = 2 * time.Second
@@ -24,13 +27,17 @@ const interleaveSlice = 2 * time.Second
 type InterleaveResult struct {
 	Rounds       int     `json:"rounds"`
 	SliceSeconds float64 `json:"slice_seconds"`
-	// Per round, ours and the peer's: connections per second, and CPU
-	// per connection summed over the two nodes' ztunnels.
+	// Per round, ours and the peer's: connections per second and CPU per
+	// connection, and vCPU at the fixed rate and its p50 — CPU summed over
+	// the two nodes' ztunnels.
 	Ours []InterleaveSlice `json:"ours"`
 	Peer []InterleaveSlice `json:"peer"`
 	// Summary of the paired rounds (see summarizePairs).
 	ConnPerS     PairedSummary `json:"conn_per_s"`
 	CPUPerConnUS PairedSummary `json:"cpu_per_conn_us"`
+	VCPUAtRate   PairedSummary `json:"vcpu_at_rate"`
+	P50AtRateUS  PairedSummary `json:"p50_at_rate_us"`
+	Rate         int           `json:"rate_rps"`
 	ScenarioName string        `json:"scenario"`
 }
 
@@ -38,6 +45,8 @@ type InterleaveResult struct {
 type InterleaveSlice struct {
 	ConnPerS     float64 `json:"conn_per_s"`
 	CPUPerConnUS float64 `json:"cpu_per_conn_us"`
+	VCPUAtRate   float64 `json:"vcpu_at_rate"`
+	P50AtRateUS  float64 `json:"p50_at_rate_us"`
 }
 
 // PairedSummary condenses per-round pairs (a = ours, b = the peer).
@@ -72,14 +81,16 @@ func summarizePairs(a, b []float64) PairedSummary {
 // interleave runs the rounds on hbone-cross-node (see above).
 func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.Duration, progress func(string, ...any)) (*InterleaveResult, error) {
 	d, _ := findScenario(scCrossNode)
-	side := func(r *runner) func() (InterleaveSlice, error) {
+	rate := ours.cfg.rate
+	// side returns one side's two measurements: the connection loop, and
+	// the fixed rate on reused connections, each into s.
+	side := func(r *runner) (conn, rps func(s *InterleaveSlice) error) {
 		p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
 		nodes := d.costNodes(len(r.mesh.Nodes))
 		pidOf := func(ni int) int { return r.node(ni).Pid() }
-		return func() (InterleaveSlice, error) {
+		conn = func(s *InterleaveSlice) error {
 			costs := make([]ZtunnelCost, len(nodes))
-			var s InterleaveSlice
-			err := r.perUnit(nodes, pidOf, costs, func() (float64, error) {
+			return r.perUnit(nodes, pidOf, costs, func() (float64, error) {
 				before := p.dials.Load()
 				var err error
 				s.ConnPerS, err = p.connRate(ctx, connRateWorkers, slice)
@@ -87,39 +98,57 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			}, func(c *ZtunnelCost, pd procDelta, conns float64) {
 				s.CPUPerConnUS += float64(pd.cpu.Microseconds()) / conns
 			})
-			return s, err
 		}
+		rps = func(s *InterleaveSlice) error {
+			costs := make([]ZtunnelCost, len(nodes))
+			lat, err := r.withCost(ctx, nodes, pidOf, costs, func() (openLoopResult, error) {
+				return p.openLoop(ctx, rate, slice, true, latencyConns)
+			})
+			if err != nil {
+				return err
+			}
+			s.P50AtRateUS = lat.latency.P50
+			for _, c := range costs {
+				s.VCPUAtRate += c.CPUVCPU
+			}
+			return nil
+		}
+		return conn, rps
 	}
-	a, b := side(ours), side(peer)
-	// One untimed slice each first: pooled connections, certificates and
-	// caches warm before anything counts.
-	for _, f := range []func() (InterleaveSlice, error){a, b} {
-		if _, err := f(); err != nil {
+	connA, rpsA := side(ours)
+	connB, rpsB := side(peer)
+	// One untimed pair of slices each first: pooled connections,
+	// certificates and caches warm before anything counts.
+	var warm InterleaveSlice
+	for _, f := range []func(*InterleaveSlice) error{connA, rpsA, connB, rpsB} {
+		if err := f(&warm); err != nil {
 			return nil, fmt.Errorf("interleave: warm-up: %w", err)
 		}
 	}
-	res := &InterleaveResult{Rounds: rounds, SliceSeconds: slice.Seconds(), ScenarioName: scCrossNode}
+	res := &InterleaveResult{Rounds: rounds, SliceSeconds: slice.Seconds(), ScenarioName: scCrossNode, Rate: rate}
 	for i := range rounds {
 		var sa, sb InterleaveSlice
-		var err error
-		if i%2 == 0 {
-			if sa, err = a(); err == nil {
-				sb, err = b()
-			}
-		} else {
-			if sb, err = b(); err == nil {
-				sa, err = a()
-			}
+		// Who goes first alternates by round, for both measurements.
+		steps := []func() error{
+			func() error { return connA(&sa) }, func() error { return connB(&sb) },
+			func() error { return rpsA(&sa) }, func() error { return rpsB(&sb) },
 		}
-		if err != nil {
-			return nil, fmt.Errorf("interleave: round %d: %w", i+1, err)
+		if i%2 == 1 {
+			steps[0], steps[1], steps[2], steps[3] = steps[1], steps[0], steps[3], steps[2]
+		}
+		for _, step := range steps {
+			if err := step(); err != nil {
+				return nil, fmt.Errorf("interleave: round %d: %w", i+1, err)
+			}
 		}
 		res.Ours, res.Peer = append(res.Ours, sa), append(res.Peer, sb)
-		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, peer %.0f conn/s %.0f µs CPU/conn",
-			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, sb.ConnPerS, sb.CPUPerConnUS)
+		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs",
+			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS)
 	}
 	res.ConnPerS = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.ConnPerS }), field(res.Peer, func(s InterleaveSlice) float64 { return s.ConnPerS }))
 	res.CPUPerConnUS = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.CPUPerConnUS }), field(res.Peer, func(s InterleaveSlice) float64 { return s.CPUPerConnUS }))
+	res.VCPUAtRate = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.VCPUAtRate }), field(res.Peer, func(s InterleaveSlice) float64 { return s.VCPUAtRate }))
+	res.P50AtRateUS = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.P50AtRateUS }), field(res.Peer, func(s InterleaveSlice) float64 { return s.P50AtRateUS }))
 	return res, nil
 }
 
@@ -133,8 +162,13 @@ func field(ss []InterleaveSlice, f func(InterleaveSlice) float64) []float64 {
 
 // interleaveLine is the summary the run prints.
 func interleaveLine(r *InterleaveResult, peer string) string {
-	return fmt.Sprintf("interleaved %s, %d rounds of %g s each: conn/s ours %.0f, %s %.0f (median of rounds; %s/ours %.3f ×, higher in %d of %d); CPU µs per connection (both nodes) ours %.0f, %s %.0f (%.3f ×, higher in %d of %d)",
-		r.ScenarioName, r.Rounds, r.SliceSeconds,
-		r.ConnPerS.OursMedian, peer, r.ConnPerS.PeerMedian, peer, r.ConnPerS.RatioMedian, r.ConnPerS.PeerHigher, r.ConnPerS.Rounds,
-		r.CPUPerConnUS.OursMedian, peer, r.CPUPerConnUS.PeerMedian, r.CPUPerConnUS.RatioMedian, r.CPUPerConnUS.PeerHigher, r.CPUPerConnUS.Rounds)
+	f := func(what string, p PairedSummary, format string) string {
+		return fmt.Sprintf("%s ours "+format+", %s "+format+" (%.3f ×, higher in %d of %d)", what, p.OursMedian, peer, p.PeerMedian, p.RatioMedian, p.PeerHigher, p.Rounds)
+	}
+	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s",
+		r.ScenarioName, r.Rounds, r.SliceSeconds, peer,
+		f("conn/s", r.ConnPerS, "%.0f"),
+		f("CPU µs per connection (both nodes)", r.CPUPerConnUS, "%.0f"),
+		f(fmt.Sprintf("vCPU at %d rps (both nodes)", r.Rate), r.VCPUAtRate, "%.4f"),
+		f(fmt.Sprintf("p50 µs at %d rps", r.Rate), r.P50AtRateUS, "%.0f"))
 }

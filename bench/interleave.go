@@ -145,10 +145,13 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs",
 			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS)
 	}
-	res.ConnPerS = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.ConnPerS }), field(res.Peer, func(s InterleaveSlice) float64 { return s.ConnPerS }))
-	res.CPUPerConnUS = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.CPUPerConnUS }), field(res.Peer, func(s InterleaveSlice) float64 { return s.CPUPerConnUS }))
-	res.VCPUAtRate = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.VCPUAtRate }), field(res.Peer, func(s InterleaveSlice) float64 { return s.VCPUAtRate }))
-	res.P50AtRateUS = summarizePairs(field(res.Ours, func(s InterleaveSlice) float64 { return s.P50AtRateUS }), field(res.Peer, func(s InterleaveSlice) float64 { return s.P50AtRateUS }))
+	pair := func(get func(InterleaveSlice) float64) PairedSummary {
+		return summarizePairs(field(res.Ours, get), field(res.Peer, get))
+	}
+	res.ConnPerS = pair(func(s InterleaveSlice) float64 { return s.ConnPerS })
+	res.CPUPerConnUS = pair(func(s InterleaveSlice) float64 { return s.CPUPerConnUS })
+	res.VCPUAtRate = pair(func(s InterleaveSlice) float64 { return s.VCPUAtRate })
+	res.P50AtRateUS = pair(func(s InterleaveSlice) float64 { return s.P50AtRateUS })
 	return res, nil
 }
 

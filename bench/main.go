@@ -79,9 +79,9 @@ type config struct {
 	// target's scenario and direct (holTargetPhase; tests shorten it).
 	holTargetPhase time.Duration
 	phases         phaseSet // -phases: the measurements each scenario runs
-	interleave     int      // -interleave: rounds of the paired connection-rate comparison with the peer; 0: none
-	// interleaveSlice: each side's connection loop in a round
-	// (interleaveSlice; tests shorten it).
+	interleave     int      // -interleave: rounds of the paired comparison with the peer (interleave.go); 0: none
+	// interleaveSlice: each side's connection loop, and its 1000 rps, in
+	// a round (interleaveSlice; tests shorten it).
 	interleaveSlice time.Duration
 }
 

@@ -238,7 +238,7 @@ func connectFields(authority string, h *ConnectHeader) []hpack.HeaderField {
 
 func appendHeader(f []hpack.HeaderField, hdr http.Header) []hpack.HeaderField {
 	for k, vs := range hdr {
-		name := lowerHeaderName(k)
+		name := strings.ToLower(k)
 		switch name {
 		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host", "te":
 			continue
@@ -248,19 +248,6 @@ func appendHeader(f []hpack.HeaderField, hdr http.Header) []hpack.HeaderField {
 		}
 	}
 	return f
-}
-
-// lowerHeaderName lowers the names the proxy sends without allocating.
-func lowerHeaderName(k string) string {
-	switch k {
-	case "Baggage":
-		return HeaderBaggage
-	case "Forwarded":
-		return HeaderForwarded
-	case "Traceparent":
-		return HeaderTraceparent
-	}
-	return strings.ToLower(k)
 }
 
 // retryable reports whether a CONNECT that failed with err before any

@@ -18,9 +18,10 @@ import (
 // won, for connections per second and for CPU per connection — and, from
 // a 1000 rps slice on reused connections after each pair of connection
 // loops, for the ztunnels' CPU at that rate (the CPU target's load) and
-// the requests' p50.
+// the requests' p50 — and, from a one-stream bulk slice after those, for
+// the throughput target's figure and the CPU it costs per GB.
 
-// interleaveSlice is each side's share of a round.
+// interleaveSlice is each side's share of a round, per measurement.
 const interleaveSlice = 2 * time.Second
 
 // InterleaveResult is results.json's "interleave".
@@ -37,6 +38,8 @@ type InterleaveResult struct {
 	CPUPerConnUS PairedSummary `json:"cpu_per_conn_us"`
 	VCPUAtRate   PairedSummary `json:"vcpu_at_rate"`
 	P50AtRateUS  PairedSummary `json:"p50_at_rate_us"`
+	Gbps1Stream  PairedSummary `json:"gbps_1_stream"`
+	CPUSecPerGB  PairedSummary `json:"cpu_s_per_gb"`
 	Rate         int           `json:"rate_rps"`
 	ScenarioName string        `json:"scenario"`
 }
@@ -47,6 +50,8 @@ type InterleaveSlice struct {
 	CPUPerConnUS float64 `json:"cpu_per_conn_us"`
 	VCPUAtRate   float64 `json:"vcpu_at_rate"`
 	P50AtRateUS  float64 `json:"p50_at_rate_us"`
+	Gbps1Stream  float64 `json:"gbps_1_stream"`
+	CPUSecPerGB  float64 `json:"cpu_s_per_gb"` // both nodes' ztunnels, on that stream
 }
 
 // PairedSummary condenses per-round pairs (a = ours, b = the peer).
@@ -82,9 +87,10 @@ func summarizePairs(a, b []float64) PairedSummary {
 func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.Duration, progress func(string, ...any)) (*InterleaveResult, error) {
 	d, _ := findScenario(scCrossNode)
 	rate := ours.cfg.rate
-	// side returns one side's two measurements: the connection loop, and
-	// the fixed rate on reused connections, each into s.
-	side := func(r *runner) (conn, rps func(s *InterleaveSlice) error) {
+	// side returns one side's three measurements, each into s: the
+	// connection loop, the fixed rate on reused connections, and one bulk
+	// stream.
+	side := func(r *runner) (conn, rps, bulk func(s *InterleaveSlice) error) {
 		p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
 		nodes := d.costNodes(len(r.mesh.Nodes))
 		pidOf := func(ni int) int { return r.node(ni).Pid() }
@@ -113,14 +119,25 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			}
 			return nil
 		}
-		return conn, rps
+		bulk = func(s *InterleaveSlice) error {
+			costs := make([]ZtunnelCost, len(nodes))
+			return r.perUnit(nodes, pidOf, costs, func() (float64, error) {
+				var bytes int64
+				var err error
+				s.Gbps1Stream, bytes, err = p.bulk(ctx, 1, slice)
+				return float64(bytes) / 1e9, err
+			}, func(c *ZtunnelCost, pd procDelta, gb float64) {
+				s.CPUSecPerGB += pd.cpu.Seconds() / gb
+			})
+		}
+		return conn, rps, bulk
 	}
-	connA, rpsA := side(ours)
-	connB, rpsB := side(peer)
-	// One untimed pair of slices each first: pooled connections,
+	connA, rpsA, bulkA := side(ours)
+	connB, rpsB, bulkB := side(peer)
+	// One untimed round of slices each first: pooled connections,
 	// certificates and caches warm before anything counts.
 	var warm InterleaveSlice
-	for _, f := range []func(*InterleaveSlice) error{connA, rpsA, connB, rpsB} {
+	for _, f := range []func(*InterleaveSlice) error{connA, rpsA, bulkA, connB, rpsB, bulkB} {
 		if err := f(&warm); err != nil {
 			return nil, fmt.Errorf("interleave: warm-up: %w", err)
 		}
@@ -128,13 +145,16 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 	res := &InterleaveResult{Rounds: rounds, SliceSeconds: slice.Seconds(), ScenarioName: scCrossNode, Rate: rate}
 	for i := range rounds {
 		var sa, sb InterleaveSlice
-		// Who goes first alternates by round, for both measurements.
+		// Who goes first alternates by round, for every measurement.
 		steps := []func() error{
 			func() error { return connA(&sa) }, func() error { return connB(&sb) },
 			func() error { return rpsA(&sa) }, func() error { return rpsB(&sb) },
+			func() error { return bulkA(&sa) }, func() error { return bulkB(&sb) },
 		}
 		if i%2 == 1 {
-			steps[0], steps[1], steps[2], steps[3] = steps[1], steps[0], steps[3], steps[2]
+			for j := 0; j < len(steps); j += 2 {
+				steps[j], steps[j+1] = steps[j+1], steps[j]
+			}
 		}
 		for _, step := range steps {
 			if err := step(); err != nil {
@@ -142,8 +162,9 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			}
 		}
 		res.Ours, res.Peer = append(res.Ours, sa), append(res.Peer, sb)
-		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs",
-			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS)
+		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs, 1 stream %.2f Gbit/s %.2f CPU s/GB; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs, %.2f Gbit/s %.2f CPU s/GB",
+			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sa.Gbps1Stream, sa.CPUSecPerGB,
+			sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS, sb.Gbps1Stream, sb.CPUSecPerGB)
 	}
 	pair := func(get func(InterleaveSlice) float64) PairedSummary {
 		return summarizePairs(field(res.Ours, get), field(res.Peer, get))
@@ -152,6 +173,8 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 	res.CPUPerConnUS = pair(func(s InterleaveSlice) float64 { return s.CPUPerConnUS })
 	res.VCPUAtRate = pair(func(s InterleaveSlice) float64 { return s.VCPUAtRate })
 	res.P50AtRateUS = pair(func(s InterleaveSlice) float64 { return s.P50AtRateUS })
+	res.Gbps1Stream = pair(func(s InterleaveSlice) float64 { return s.Gbps1Stream })
+	res.CPUSecPerGB = pair(func(s InterleaveSlice) float64 { return s.CPUSecPerGB })
 	return res, nil
 }
 
@@ -168,10 +191,12 @@ func interleaveLine(r *InterleaveResult, peer string) string {
 	f := func(what string, p PairedSummary, format string) string {
 		return fmt.Sprintf("%s ours "+format+", %s "+format+" (%.3f ×, higher in %d of %d)", what, p.OursMedian, peer, p.PeerMedian, p.RatioMedian, p.PeerHigher, p.Rounds)
 	}
-	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s",
+	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s; %s; %s",
 		r.ScenarioName, r.Rounds, r.SliceSeconds, peer,
 		f("conn/s", r.ConnPerS, "%.0f"),
 		f("CPU µs per connection (both nodes)", r.CPUPerConnUS, "%.0f"),
 		f(fmt.Sprintf("vCPU at %d rps (both nodes)", r.Rate), r.VCPUAtRate, "%.4f"),
-		f(fmt.Sprintf("p50 µs at %d rps", r.Rate), r.P50AtRateUS, "%.0f"))
+		f(fmt.Sprintf("p50 µs at %d rps", r.Rate), r.P50AtRateUS, "%.0f"),
+		f("1 stream Gbit/s", r.Gbps1Stream, "%.2f"),
+		f("CPU s per GB on it (both nodes)", r.CPUSecPerGB, "%.2f"))
 }

@@ -80,8 +80,8 @@ type config struct {
 	holTargetPhase time.Duration
 	phases         phaseSet // -phases: the measurements each scenario runs
 	interleave     int      // -interleave: rounds of the paired comparison with the peer (interleave.go); 0: none
-	// interleaveSlice: each side's connection loop, and its 1000 rps, in
-	// a round (interleaveSlice; tests shorten it).
+	// interleaveSlice: each measurement's length per side in a round
+	// (interleaveSlice; tests shorten it).
 	interleaveSlice time.Duration
 }
 
@@ -169,7 +169,7 @@ func parseFlags(args []string) (config, error) {
 	mixed := fs.String("mixed", "", "with -peer: also run hbone-cross-node with one node this tree's ztunnel and the other the peer, both ways round (interop); the value is a plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem) holding the root the peer's FAKE_CA signs with")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated measurements each scenario runs; the others' figures stay zero and their targets \"not measured\"")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
-	inter := fs.Int("interleave", 0, "with -peer: after the scenarios, this many rounds on hbone-cross-node alternating between ours and the peer (2 s of the connection loop, then 2 s of 1000 rps, each side), reported as paired ratios (an A/B of two builds in one run)")
+	inter := fs.Int("interleave", 0, "with -peer: after the scenarios, this many rounds on hbone-cross-node alternating between ours and the peer (2 s of the connection loop, 2 s of 1000 rps and 2 s of one bulk stream, each side), reported as paired ratios (an A/B of two builds in one run)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

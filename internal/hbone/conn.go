@@ -358,15 +358,17 @@ func (c *conn) shutdown(ctx context.Context) error {
 
 // openStream opens a client stream: it allocates the stream id and queues
 // the CONNECT HEADERS under one lock, so ids reach the wire in order.
-func (c *conn) openStream(fields []hpack.HeaderField) (*h2stream, error) {
+// early, if the flow-control windows hold all of it, follows the HEADERS
+// as one DATA frame in the same write (sent reports it); otherwise it is
+// left to the caller.
+func (c *conn) openStream(fields []hpack.HeaderField, early []byte) (s *h2stream, sent bool, err error) {
 	c.wmu.Lock()
 	if c.werr != nil {
 		err := c.werr
 		c.wmu.Unlock()
-		return nil, err
+		return nil, false, err
 	}
 	c.mu.Lock()
-	var err error
 	switch {
 	case c.closed || c.goAwayRecv || c.goAwaySent:
 		err = errGoAway
@@ -379,18 +381,29 @@ func (c *conn) openStream(fields []hpack.HeaderField) (*h2stream, error) {
 	if err != nil {
 		c.mu.Unlock()
 		c.wmu.Unlock()
-		return nil, err
+		return nil, false, err
 	}
 	id := c.nextID
 	c.nextID += 2
-	s := newH2Stream(c, id, c.peerInitWin)
+	s = newH2Stream(c, id, c.peerInitWin)
 	c.streams[id] = s
+	if n := int64(len(early)); n > 0 && n <= s.sendWin && n <= c.sendWin && n <= int64(c.peerMaxFrame) && n <= appendMax-frameHeaderLen {
+		s.sendWin -= n
+		c.sendWin -= n
+		sent = true
+	}
 	c.mu.Unlock()
 	c.writeHeadersLocked(id, false, fields)
-	if err := c.kickLocked(false); err != nil {
-		return nil, err
+	if sent {
+		var h [frameHeaderLen]byte
+		putDataHeader(h[:], len(early), false, id)
+		c.appendLocked(h[:])
+		c.appendLocked(early)
 	}
-	return s, nil
+	if err := c.kickLocked(false); err != nil {
+		return nil, false, err
+	}
+	return s, sent, nil
 }
 
 // maxStreamID is the largest stream id HTTP/2 allows.

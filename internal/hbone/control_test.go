@@ -184,7 +184,7 @@ func TestPeerCloseLogged(t *testing.T) {
 	}))
 	c := newConn(w, connOptions{client: true, log: slog.New(slog.NewTextHandler(&logs, nil))})
 	for range 2 {
-		if _, err := c.openStream(connectFields("10.0.0.1:80", nil)); err != nil {
+		if _, _, err := c.openStream(connectFields("10.0.0.1:80", nil), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

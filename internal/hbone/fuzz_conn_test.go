@@ -75,7 +75,7 @@ func runConn(t *testing.T, client bool, data []byte) {
 	if client {
 		// Two open streams for the input's frames to land on.
 		for range 2 {
-			if _, err := c.openStream(connectFields("10.0.0.1:80", nil)); err != nil {
+			if _, _, err := c.openStream(connectFields("10.0.0.1:80", nil), nil); err != nil {
 				t.Fatal(err)
 			}
 		}

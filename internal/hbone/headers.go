@@ -41,6 +41,15 @@ type ConnectHeader struct {
 	// Extra holds further fields, keyed as in http.Header; the proxy
 	// leaves it nil.
 	Extra http.Header
+	// Early, if set, are the tunnelled stream's first bytes. They go in
+	// a DATA frame right behind the HEADERS, in the same write, so the
+	// server can hand them to the destination as soon as it connected to
+	// it instead of a round trip after its 200 (HTTP/2 lets a CONNECT's
+	// DATA follow its HEADERS at once: RFC 9113 §8.5). When the
+	// flow-control windows cannot take them yet they are sent once the
+	// 200 arrived. Either way Connect returns only after they went out;
+	// on an error they were not delivered. Connect does not keep Early.
+	Early []byte
 }
 
 // ParseAuthority parses a CONNECT :authority that must be a literal

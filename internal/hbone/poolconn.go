@@ -183,7 +183,11 @@ func (p *Pool) connClosed(c *poolConn) {
 // reports whether the request got no answer and may go to another
 // connection.
 func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr *ConnectHeader) (s *Stream, retry bool, err error) {
-	hs, err := c.h.openStream(connectFields(authority, hdr))
+	var early []byte
+	if hdr != nil {
+		early = hdr.Early
+	}
+	hs, sent, err := c.h.openStream(connectFields(authority, hdr), early)
 	if err == nil {
 		select {
 		case <-hs.respc:
@@ -211,6 +215,16 @@ func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr *Con
 		c.h.removeStream(hs)
 		p.release(c)
 		return nil, false, &StatusError{Code: hs.status}
+	}
+	if len(early) > 0 && !sent {
+		// The windows were short at the CONNECT: send it now, as any
+		// write would, before the caller's own bytes.
+		if _, err := hs.write(early); err != nil {
+			hs.resetWith(http2.ErrCodeCancel, false, err)
+			c.h.removeStream(hs)
+			p.release(c)
+			return nil, false, fmt.Errorf("hbone: CONNECT %s via %s: sending its first bytes: %w", authority, c.key.Addr, err)
+		}
 	}
 	return &Stream{h2stream: hs, pool: p, conn: c, header: hs.header}, false, nil
 }

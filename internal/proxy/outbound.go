@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/ztunnel-go/ztunnel/internal/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/identity"
 	"github.com/ztunnel-go/ztunnel/internal/sockopt"
 	"github.com/ztunnel-go/ztunnel/internal/state"
+	"golang.org/x/sys/unix"
 )
 
 // Rejection reasons (counter labels and error text).
@@ -47,6 +49,13 @@ type route struct {
 	// dst and svc describe the destination for metrics and logs.
 	dst *state.Workload
 	svc *state.Service
+	// early: the tunnel's peer is the destination workload's ztunnel,
+	// which takes the connection's first bytes with the CONNECT (see
+	// readReady). Not a waypoint: Envoy accepts such early CONNECT data
+	// by default but can be set to reject it
+	// (envoy.reloadable_features.reject_early_connect_data, after
+	// CVE-2025-64763), and the CONNECT must not fail for that.
+	early bool
 }
 
 type routeError struct {
@@ -102,6 +111,7 @@ func (p *Proxy) resolve(snap *state.Snapshot, src *state.Workload, dst netip.Add
 		accept:    accept,
 		dst:       w,
 		svc:       up.Service,
+		early:     true,
 	}, nil
 }
 
@@ -177,7 +187,7 @@ func (p *Proxy) handleOutbound(conn *net.TCPConn) {
 		return
 	}
 	rec := newRecord(p.m, p.log, "outbound", src, dst)
-	up, err := p.dialOutbound(rec, src, dst)
+	up, err := p.dialOutbound(rec, conn, src, dst)
 	if err != nil {
 		rec.done(&err)
 		conn.Close()
@@ -200,7 +210,7 @@ func (p *Proxy) handleOutbound(conn *net.TCPConn) {
 // children map and Done channel the derivation allocates in it (~370 B)
 // for the connection's whole life, and nothing else uses it once the
 // upstream is connected (an HBONE stream outlives its CONNECT's context).
-func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn, err error) {
+func (p *Proxy) dialOutbound(rec *record, down *net.TCPConn, src, dst netip.AddrPort) (up net.Conn, err error) {
 	snap := p.opts.State()
 	if p.isOwnListener(snap, dst) {
 		p.m.rejected.WithLabelValues("outbound", reasonLoop).Inc()
@@ -222,7 +232,21 @@ func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn,
 	switch r.kind {
 	case routeHBONE:
 		rec.hbone = r.target.String()
-		up, err = p.connectHBONE(r, src, srcW)
+		var early []byte
+		if r.early {
+			bp := smallPool.Get().(*[]byte)
+			defer smallPool.Put(bp)
+			n, rerr := readReady(down, *bp)
+			if rerr != nil {
+				// The client is gone (reset): nothing to connect for,
+				// and not a failure to connect.
+				return nil, fmt.Errorf("proxy: outbound: reading the client: %w", rerr)
+			}
+			early = (*bp)[:n]
+		}
+		if up, err = p.connectHBONE(r, src, srcW, early); err == nil {
+			rec.counts.received.Add(int64(len(early)))
+		}
 	default:
 		dctx, cancel := context.WithTimeout(p.ctx, p.opts.ConnectTimeout)
 		up, err = p.opts.Dial(dctx, "tcp", r.target.String())
@@ -236,7 +260,9 @@ func (p *Proxy) dialOutbound(rec *record, src, dst netip.AddrPort) (up net.Conn,
 	return up, nil
 }
 
-func (p *Proxy) connectHBONE(r route, src netip.AddrPort, srcW *state.Workload) (net.Conn, error) {
+// connectHBONE opens the tunnel for r. early are the connection's first
+// bytes, sent with the CONNECT (hbone.ConnectHeader.Early).
+func (p *Proxy) connectHBONE(r route, src netip.AddrPort, srcW *state.Workload, early []byte) (net.Conn, error) {
 	key := hbone.Key{Src: p.self, Dst: hbone.DstIdentities(r.accept...), Addr: r.target}
 	host := ""
 	if r.svc != nil {
@@ -245,6 +271,7 @@ func (p *Proxy) connectHBONE(r route, src netip.AddrPort, srcW *state.Workload) 
 	hdr := hbone.ConnectHeader{
 		Forwarded:   hbone.FormatForwarded(src, host),
 		Traceparent: hbone.NewTraceParent().String(),
+		Early:       early,
 	}
 	if b, ok := p.baggage(srcW); ok {
 		hdr.Baggage = b
@@ -256,6 +283,41 @@ func (p *Proxy) connectHBONE(r route, src netip.AddrPort, srcW *state.Workload) 
 		return nil, fmt.Errorf("proxy: hbone to %s via %s: %w", r.authority, r.target, err)
 	}
 	return s, nil
+}
+
+// readReady reads what c already holds, without waiting: a client that
+// speaks first (HTTP, a TLS ClientHello) has usually sent its first
+// bytes by the time the tunnel is opened, and sent with the CONNECT they
+// reach the destination a round trip between the nodes sooner (and the
+// sending ztunnel saves a write, the receiving one a read and a wake-up).
+// Nothing there (a server-first protocol, or a slow client) costs one
+// read that finds nothing. The error is the socket's, EOF aside: after
+// EOF a read finds EOF again, so the copy that follows sees it too.
+func readReady(c *net.TCPConn, buf []byte) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = unix.Read(int(fd), buf)
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		return true // one try: never wait for the client
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr == unix.EAGAIN:
+		return 0, nil
+	case rerr != nil:
+		return 0, os.NewSyscallError("read", rerr)
+	}
+	return max(n, 0), nil
 }
 
 // baggage describes the source workload to the peer, as upstream sends it.

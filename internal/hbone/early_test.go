@@ -110,14 +110,7 @@ func TestConnectEarlyBytes(t *testing.T) {
 			respond(fr, h.StreamID, "200")
 			_, _ = io.Copy(io.Discard, sc)
 		})
-		s, err := e.pool.Connect(testCtx(t), key, "10.0.0.1:80", &ConnectHeader{Early: []byte("hello")})
-		if g := recvTimeout(t, got, "the server's reading"); g != "hello" {
-			t.Errorf("server read %q, want the early bytes", g)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		connectEarly(t, e, key, got)
 	})
 	t.Run("window short", func(t *testing.T) {
 		// A peer whose streams start with a 2-byte window gets the
@@ -150,14 +143,7 @@ func TestConnectEarlyBytes(t *testing.T) {
 			got <- string(b)
 			_, _ = io.Copy(io.Discard, sc)
 		})
-		s, err := e.pool.Connect(testCtx(t), key, "10.0.0.1:80", &ConnectHeader{Early: []byte("hello")})
-		if g := recvTimeout(t, got, "the server's reading"); g != "hello" {
-			t.Errorf("server read %q, want the early bytes", g)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		connectEarly(t, e, key, got)
 	})
 	t.Run("echoed by our server", func(t *testing.T) {
 		e := newEnv(t, echoHandler, envOpts{})
@@ -174,6 +160,20 @@ func TestConnectEarlyBytes(t *testing.T) {
 			t.Errorf("echo %q, %v; want the early bytes, then the written ones", b, err)
 		}
 	})
+}
+
+// connectEarly connects to key with early bytes "hello" and checks that
+// the server reported reading them (on got).
+func connectEarly(t *testing.T, e *testEnv, key Key, got <-chan string) {
+	t.Helper()
+	s, err := e.pool.Connect(testCtx(t), key, "10.0.0.1:80", &ConnectHeader{Early: []byte("hello")})
+	if g := recvTimeout(t, got, "the server's reading"); g != "hello" {
+		t.Errorf("server read %q, want the early bytes", g)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
 }
 
 // rawServer does a server's side of the HTTP/2 handshake on sc by hand:

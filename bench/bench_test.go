@@ -305,6 +305,7 @@ func TestMixedSmoke(t *testing.T) {
 			o, p := il.Ours[i], il.Peer[i]
 			if o.ConnPerS <= 0 || p.ConnPerS <= 0 || o.CPUPerConnUS <= 0 || p.CPUPerConnUS <= 0 ||
 				o.VCPUAtRate <= 0 || p.VCPUAtRate <= 0 || o.P50AtRateUS <= 0 || p.P50AtRateUS <= 0 ||
+				o.P99AtRateUS < o.P50AtRateUS || p.P99AtRateUS < p.P50AtRateUS ||
 				o.Gbps1Stream <= 0 || p.Gbps1Stream <= 0 || o.CPUSecPerGB <= 0 || p.CPUSecPerGB <= 0 {
 				t.Errorf("interleave round %d: ours %+v, peer %+v; want every figure measured", i+1, il.Ours[i], il.Peer[i])
 			}

@@ -38,6 +38,7 @@ type InterleaveResult struct {
 	CPUPerConnUS PairedSummary `json:"cpu_per_conn_us"`
 	VCPUAtRate   PairedSummary `json:"vcpu_at_rate"`
 	P50AtRateUS  PairedSummary `json:"p50_at_rate_us"`
+	P99AtRateUS  PairedSummary `json:"p99_at_rate_us"`
 	Gbps1Stream  PairedSummary `json:"gbps_1_stream"`
 	CPUSecPerGB  PairedSummary `json:"cpu_s_per_gb"`
 	Rate         int           `json:"rate_rps"`
@@ -50,6 +51,7 @@ type InterleaveSlice struct {
 	CPUPerConnUS float64 `json:"cpu_per_conn_us"`
 	VCPUAtRate   float64 `json:"vcpu_at_rate"`
 	P50AtRateUS  float64 `json:"p50_at_rate_us"`
+	P99AtRateUS  float64 `json:"p99_at_rate_us"`
 	Gbps1Stream  float64 `json:"gbps_1_stream"`
 	CPUSecPerGB  float64 `json:"cpu_s_per_gb"` // both nodes' ztunnels, on that stream
 }
@@ -113,7 +115,7 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			if err != nil {
 				return err
 			}
-			s.P50AtRateUS = lat.latency.P50
+			s.P50AtRateUS, s.P99AtRateUS = lat.latency.P50, lat.latency.P99
 			for _, c := range costs {
 				s.VCPUAtRate += c.CPUVCPU
 			}
@@ -162,9 +164,9 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			}
 		}
 		res.Ours, res.Peer = append(res.Ours, sa), append(res.Peer, sb)
-		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs, 1 stream %.2f Gbit/s %.2f CPU s/GB; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs, %.2f Gbit/s %.2f CPU s/GB",
-			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sa.Gbps1Stream, sa.CPUSecPerGB,
-			sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS, sb.Gbps1Stream, sb.CPUSecPerGB)
+		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs p99 %.0fµs, 1 stream %.2f Gbit/s %.2f CPU s/GB; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs p99 %.0fµs, %.2f Gbit/s %.2f CPU s/GB",
+			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sa.P99AtRateUS, sa.Gbps1Stream, sa.CPUSecPerGB,
+			sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS, sb.P99AtRateUS, sb.Gbps1Stream, sb.CPUSecPerGB)
 	}
 	pair := func(get func(InterleaveSlice) float64) PairedSummary {
 		return summarizePairs(field(res.Ours, get), field(res.Peer, get))
@@ -173,6 +175,7 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 	res.CPUPerConnUS = pair(func(s InterleaveSlice) float64 { return s.CPUPerConnUS })
 	res.VCPUAtRate = pair(func(s InterleaveSlice) float64 { return s.VCPUAtRate })
 	res.P50AtRateUS = pair(func(s InterleaveSlice) float64 { return s.P50AtRateUS })
+	res.P99AtRateUS = pair(func(s InterleaveSlice) float64 { return s.P99AtRateUS })
 	res.Gbps1Stream = pair(func(s InterleaveSlice) float64 { return s.Gbps1Stream })
 	res.CPUSecPerGB = pair(func(s InterleaveSlice) float64 { return s.CPUSecPerGB })
 	return res, nil
@@ -191,12 +194,13 @@ func interleaveLine(r *InterleaveResult, peer string) string {
 	f := func(what string, p PairedSummary, format string) string {
 		return fmt.Sprintf("%s ours "+format+", %s "+format+" (%.3f ×, higher in %d of %d)", what, p.OursMedian, peer, p.PeerMedian, p.RatioMedian, p.PeerHigher, p.Rounds)
 	}
-	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s; %s; %s",
+	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s; %s; %s; %s",
 		r.ScenarioName, r.Rounds, r.SliceSeconds, peer,
 		f("conn/s", r.ConnPerS, "%.0f"),
 		f("CPU µs per connection (both nodes)", r.CPUPerConnUS, "%.0f"),
 		f(fmt.Sprintf("vCPU at %d rps (both nodes)", r.Rate), r.VCPUAtRate, "%.4f"),
 		f(fmt.Sprintf("p50 µs at %d rps", r.Rate), r.P50AtRateUS, "%.0f"),
+		f(fmt.Sprintf("p99 µs at %d rps", r.Rate), r.P99AtRateUS, "%.0f"),
 		f("1 stream Gbit/s", r.Gbps1Stream, "%.2f"),
 		f("CPU s per GB on it (both nodes)", r.CPUSecPerGB, "%.2f"))
 }

@@ -210,19 +210,21 @@ func (p *Pool) open(ctx context.Context, c *poolConn, authority string, hdr *Con
 		p.release(c)
 		return nil, retry, fmt.Errorf("hbone: CONNECT %s via %s: %w", authority, c.key.Addr, err)
 	}
-	if hs.status != http.StatusOK {
-		hs.resetWith(http2.ErrCodeCancel, false, net.ErrClosed)
+	// drop gives up an answered stream: its slot goes back to the pool.
+	drop := func(err error) {
+		hs.resetWith(http2.ErrCodeCancel, false, err)
 		c.h.removeStream(hs)
 		p.release(c)
+	}
+	if hs.status != http.StatusOK {
+		drop(net.ErrClosed)
 		return nil, false, &StatusError{Code: hs.status}
 	}
 	if len(early) > 0 && !sent {
 		// The windows were short at the CONNECT: send it now, as any
 		// write would, before the caller's own bytes.
 		if _, err := hs.write(early); err != nil {
-			hs.resetWith(http2.ErrCodeCancel, false, err)
-			c.h.removeStream(hs)
-			p.release(c)
+			drop(err)
 			return nil, false, fmt.Errorf("hbone: CONNECT %s via %s: sending its first bytes: %w", authority, c.key.Addr, err)
 		}
 	}

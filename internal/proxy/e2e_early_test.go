@@ -21,23 +21,13 @@ func TestE2EServerFirstAndClientFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.Write([]byte("220 ready\r\n"))
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err == nil {
-					c.Write([]byte("221 bye " + line))
-				}
-			}()
+	serveConns(t, ln, func(c net.Conn) {
+		c.Write([]byte("220 ready\r\n"))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil {
+			c.Write([]byte("221 bye " + line))
 		}
-	}()
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

@@ -222,32 +222,41 @@ func echoServer(t testing.TB, pod *nstest.Pod) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveConns(t, ln, func(c net.Conn) {
+		// Hide ReadFrom and WriteTo: the runtime would splice
+		// through a pipe it keeps pooled until a GC, which
+		// TestE2ENoFDLeak would count as the proxy's, or allocate
+		// a 32 KiB buffer per connection, which
+		// BenchmarkNewConnection would count.
+		buf := echoBufs.Get().(*[]byte)
+		io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, *buf)
+		echoBufs.Put(buf)
+		c.(*net.TCPConn).CloseWrite()
+	})
+}
+
+// serveConns runs handle on each connection ln accepts, on a goroutine
+// of its own, and closes the connection after it; the test's cleanup
+// closes ln and waits for every handler.
+func serveConns(t testing.TB, ln net.Listener, handle func(net.Conn)) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			// Not wg.Go: its wrapper is one more allocation per
+			// connection, which BenchmarkNewConnection would count.
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				// Hide ReadFrom and WriteTo: the runtime would splice
-				// through a pipe it keeps pooled until a GC, which
-				// TestE2ENoFDLeak would count as the proxy's, or allocate
-				// a 32 KiB buffer per connection, which
-				// BenchmarkNewConnection would count.
-				buf := echoBufs.Get().(*[]byte)
-				io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, *buf)
-				echoBufs.Put(buf)
-				c.(*net.TCPConn).CloseWrite()
+				handle(c)
 			}()
 		}
-	}()
+	})
 }
 
 func markedDial(ctx context.Context, pod *nstest.Pod, network, addr string) (net.Conn, error) {

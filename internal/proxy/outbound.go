@@ -317,7 +317,7 @@ func readReady(c *net.TCPConn, buf []byte) (int, error) {
 	case rerr != nil:
 		return 0, os.NewSyscallError("read", rerr)
 	}
-	return max(n, 0), nil
+	return n, nil
 }
 
 // baggage describes the source workload to the peer, as upstream sends it.

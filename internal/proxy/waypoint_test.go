@@ -127,17 +127,8 @@ func TestE2EWaypointGetsNoEarlyData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
 	tlsCfg := certs.ServerConfig(identity.New("", "ns2", "waypoint"))
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go strictWaypoint(tls.Server(c, tlsCfg))
-		}
-	}()
+	serveConns(t, ln, func(c net.Conn) { strictWaypoint(tls.Server(c, tlsCfg)) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

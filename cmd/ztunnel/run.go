@@ -73,7 +73,7 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 	}
 	setMemoryLimit(environ, a.log)
 	if n, scaled := setWorkerThreads(environ, cfg.WorkerThreads, a.log); scaled {
-		go newProcScaler(n, a.log).run(a.runCtx)
+		go newProcScaler(n, a.proxyMetrics().Live, a.log).run(a.runCtx)
 	}
 	// Start-up is done: drop the code pages only it needed (memory.go).
 	a.trimmer.trim()
@@ -115,6 +115,7 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 		return nil, err
 	}
 	a := &app{cfg: cfg, levels: levels, log: levels.Logger("ztunnel"), reg: prometheus.NewRegistry()}
+	a.proxyMetrics() // before anything that may start a proxy, or read it (procScaler)
 	a.runCtx, a.runCancel = context.WithCancel(context.Background())
 	a.setup = workers.New(a.runCtx, keptSetupWorkers)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

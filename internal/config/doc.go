@@ -13,7 +13,7 @@
 // ZTUNNEL_WORKER_THREADS and ZTUNNEL_CPU_LIMIT (threads running the proxy
 // at most: GOMAXPROCS; default 2 as upstream, never more than the runtime's
 // own default, which follows the container's CPU limit; fewer while the
-// proxy's CPU use fits in fewer; an explicit GOMAXPROCS wins and is kept), HTTP2_STREAM_WINDOW_SIZE, HTTP2_CONNECTION_WINDOW_SIZE, HTTP2_FRAME_SIZE,
+// proxy's goroutines do not queue for them; an explicit GOMAXPROCS wins and is kept), HTTP2_STREAM_WINDOW_SIZE, HTTP2_CONNECTION_WINDOW_SIZE, HTTP2_FRAME_SIZE,
 // SECRET_TTL, TERMINATION_GRACE_PERIOD_SECONDS,
 // CONNECTION_TERMINATION_DEADLINE, INSTANCE_IP, POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT,
 // TRUST_DOMAIN, ISTIO_META_* (ISTIO_META_DNS_CAPTURE: DNS proxy on unless

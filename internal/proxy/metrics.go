@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -103,7 +104,13 @@ type Metrics struct {
 	// cardinality of its own.
 	seriesMu sync.RWMutex
 	series   map[TrafficLabels]*trafficSeries
+
+	live atomic.Int64 // connections opened and not yet done
 }
+
+// Live is how many proxied connections are open now, across every proxy
+// sharing these metrics.
+func (m *Metrics) Live() int64 { return m.live.Load() }
 
 // trafficSeries are one label set's children of the connection vectors.
 type trafficSeries struct {

@@ -58,6 +58,7 @@ func (r *record) open(l TrafficLabels) {
 	r.opened = true
 	r.series = r.m.seriesFor(&r.labels)
 	r.series.opened.Inc()
+	r.m.live.Add(1)
 }
 
 // done folds the byte counts into the metrics and writes the access log.
@@ -70,6 +71,7 @@ func (r *record) done(errp *error) {
 	recv, sent := r.counts.received.Load(), r.counts.sent.Load()
 	if r.opened {
 		r.series.closed.Inc()
+		r.m.live.Add(-1)
 		r.flush()
 	} else {
 		r.m.failed.WithLabelValues(r.labels.values()...).Inc()

@@ -145,3 +145,28 @@ func TestSeriesPerLabelSet(t *testing.T) {
 		t.Errorf("cached label sets: %d, want 2", n)
 	}
 }
+
+// TestLive: Live counts connections between open and done, and one that
+// never opened not at all.
+func TestLive(t *testing.T) {
+	m := NewMetrics(nil)
+	log := slog.New(slog.DiscardHandler)
+	l := TrafficLabels{Reporter: reporterSource, SourceWorkload: "client", DestinationWorkload: "server"}
+	a, b, failed := newRecord(m, log, "outbound", netip.AddrPort{}, netip.AddrPort{}),
+		newRecord(m, log, "inbound", netip.AddrPort{}, netip.AddrPort{}),
+		newRecord(m, log, "outbound", netip.AddrPort{}, netip.AddrPort{})
+	a.open(l)
+	b.open(l)
+	if n := m.Live(); n != 2 {
+		t.Fatalf("two open: Live %d", n)
+	}
+	failed.done(nil)
+	a.done(nil)
+	if n := m.Live(); n != 1 {
+		t.Errorf("one done and one that never opened: Live %d, want 1", n)
+	}
+	b.done(nil)
+	if n := m.Live(); n != 0 {
+		t.Errorf("all done: Live %d, want 0", n)
+	}
+}

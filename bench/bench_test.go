@@ -306,7 +306,8 @@ func TestMixedSmoke(t *testing.T) {
 			if o.ConnPerS <= 0 || p.ConnPerS <= 0 || o.CPUPerConnUS <= 0 || p.CPUPerConnUS <= 0 ||
 				o.VCPUAtRate <= 0 || p.VCPUAtRate <= 0 || o.P50AtRateUS <= 0 || p.P50AtRateUS <= 0 ||
 				o.P99AtRateUS < o.P50AtRateUS || p.P99AtRateUS < p.P50AtRateUS ||
-				o.Gbps1Stream <= 0 || p.Gbps1Stream <= 0 || o.CPUSecPerGB <= 0 || p.CPUSecPerGB <= 0 {
+				o.Gbps1Stream <= 0 || p.Gbps1Stream <= 0 || o.CPUSecPerGB <= 0 || p.CPUSecPerGB <= 0 ||
+				o.HOLP50US <= 0 || p.HOLP50US <= 0 || o.HOLP99US < o.HOLP50US || p.HOLP99US < p.HOLP50US {
 				t.Errorf("interleave round %d: ours %+v, peer %+v; want every figure measured", i+1, il.Ours[i], il.Peer[i])
 			}
 		}

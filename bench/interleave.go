@@ -19,7 +19,9 @@ import (
 // a 1000 rps slice on reused connections after each pair of connection
 // loops, for the ztunnels' CPU at that rate (the CPU target's load) and
 // the requests' p50 — and, from a one-stream bulk slice after those, for
-// the throughput target's figure and the CPU it costs per GB.
+// the throughput target's figure and the CPU it costs per GB — and, from
+// a head-of-line slice last (the same rate beside a full-rate bulk stream
+// on the same HBONE connection), for those requests' p50 and p99.
 
 // interleaveSlice is each side's share of a round, per measurement.
 const interleaveSlice = 2 * time.Second
@@ -28,9 +30,8 @@ const interleaveSlice = 2 * time.Second
 type InterleaveResult struct {
 	Rounds       int     `json:"rounds"`
 	SliceSeconds float64 `json:"slice_seconds"`
-	// Per round, ours and the peer's: connections per second and CPU per
-	// connection, and vCPU at the fixed rate and its p50 — CPU summed over
-	// the two nodes' ztunnels.
+	// Per round, ours and the peer's figures (InterleaveSlice); CPU is
+	// summed over the two nodes' ztunnels.
 	Ours []InterleaveSlice `json:"ours"`
 	Peer []InterleaveSlice `json:"peer"`
 	// Summary of the paired rounds (see summarizePairs).
@@ -41,6 +42,8 @@ type InterleaveResult struct {
 	P99AtRateUS  PairedSummary `json:"p99_at_rate_us"`
 	Gbps1Stream  PairedSummary `json:"gbps_1_stream"`
 	CPUSecPerGB  PairedSummary `json:"cpu_s_per_gb"`
+	HOLP50US     PairedSummary `json:"hol_p50_us"`
+	HOLP99US     PairedSummary `json:"hol_p99_us"`
 	Rate         int           `json:"rate_rps"`
 	ScenarioName string        `json:"scenario"`
 }
@@ -54,6 +57,9 @@ type InterleaveSlice struct {
 	P99AtRateUS  float64 `json:"p99_at_rate_us"`
 	Gbps1Stream  float64 `json:"gbps_1_stream"`
 	CPUSecPerGB  float64 `json:"cpu_s_per_gb"` // both nodes' ztunnels, on that stream
+	// The fixed rate's latency beside a full-rate bulk stream.
+	HOLP50US float64 `json:"hol_p50_us"`
+	HOLP99US float64 `json:"hol_p99_us"`
 }
 
 // PairedSummary condenses per-round pairs (a = ours, b = the peer).
@@ -89,10 +95,10 @@ func summarizePairs(a, b []float64) PairedSummary {
 func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.Duration, progress func(string, ...any)) (*InterleaveResult, error) {
 	d, _ := findScenario(scCrossNode)
 	rate := ours.cfg.rate
-	// side returns one side's three measurements, each into s: the
-	// connection loop, the fixed rate on reused connections, and one bulk
-	// stream.
-	side := func(r *runner) (conn, rps, bulk func(s *InterleaveSlice) error) {
+	// side returns one side's four measurements, each into s: the
+	// connection loop, the fixed rate on reused connections, one bulk
+	// stream, and the fixed rate beside one.
+	side := func(r *runner) (conn, rps, bulk, hol func(s *InterleaveSlice) error) {
 		p := &path{client: r.mesh.Pods[d.client].Pod, server: r.mesh.Pods[d.server].IP}
 		nodes := d.costNodes(len(r.mesh.Nodes))
 		pidOf := func(ni int) int { return r.node(ni).Pid() }
@@ -132,14 +138,19 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 				s.CPUSecPerGB += pd.cpu.Seconds() / gb
 			})
 		}
-		return conn, rps, bulk
+		hol = func(s *InterleaveSlice) error {
+			res, err := r.headOfLine(ctx, p, d, slice, sinkPort, nil)
+			s.HOLP50US, s.HOLP99US = res.latency.P50, res.latency.P99
+			return err
+		}
+		return conn, rps, bulk, hol
 	}
-	connA, rpsA, bulkA := side(ours)
-	connB, rpsB, bulkB := side(peer)
+	connA, rpsA, bulkA, holA := side(ours)
+	connB, rpsB, bulkB, holB := side(peer)
 	// One untimed round of slices each first: pooled connections,
 	// certificates and caches warm before anything counts.
 	var warm InterleaveSlice
-	for _, f := range []func(*InterleaveSlice) error{connA, rpsA, bulkA, connB, rpsB, bulkB} {
+	for _, f := range []func(*InterleaveSlice) error{connA, rpsA, bulkA, holA, connB, rpsB, bulkB, holB} {
 		if err := f(&warm); err != nil {
 			return nil, fmt.Errorf("interleave: warm-up: %w", err)
 		}
@@ -152,6 +163,7 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			func() error { return connA(&sa) }, func() error { return connB(&sb) },
 			func() error { return rpsA(&sa) }, func() error { return rpsB(&sb) },
 			func() error { return bulkA(&sa) }, func() error { return bulkB(&sb) },
+			func() error { return holA(&sa) }, func() error { return holB(&sb) },
 		}
 		if i%2 == 1 {
 			for j := 0; j < len(steps); j += 2 {
@@ -164,9 +176,9 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 			}
 		}
 		res.Ours, res.Peer = append(res.Ours, sa), append(res.Peer, sb)
-		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs p99 %.0fµs, 1 stream %.2f Gbit/s %.2f CPU s/GB; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs p99 %.0fµs, %.2f Gbit/s %.2f CPU s/GB",
-			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sa.P99AtRateUS, sa.Gbps1Stream, sa.CPUSecPerGB,
-			sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS, sb.P99AtRateUS, sb.Gbps1Stream, sb.CPUSecPerGB)
+		progress("[interleave] round %d/%d: ours %.0f conn/s %.0f µs CPU/conn, %d rps %.4f vCPU p50 %.0fµs p99 %.0fµs, 1 stream %.2f Gbit/s %.2f CPU s/GB, beside it p50 %.0fµs p99 %.0fµs; peer %.0f conn/s %.0f µs CPU/conn, %.4f vCPU p50 %.0fµs p99 %.0fµs, %.2f Gbit/s %.2f CPU s/GB, beside it p50 %.0fµs p99 %.0fµs",
+			i+1, rounds, sa.ConnPerS, sa.CPUPerConnUS, rate, sa.VCPUAtRate, sa.P50AtRateUS, sa.P99AtRateUS, sa.Gbps1Stream, sa.CPUSecPerGB, sa.HOLP50US, sa.HOLP99US,
+			sb.ConnPerS, sb.CPUPerConnUS, sb.VCPUAtRate, sb.P50AtRateUS, sb.P99AtRateUS, sb.Gbps1Stream, sb.CPUSecPerGB, sb.HOLP50US, sb.HOLP99US)
 	}
 	pair := func(get func(InterleaveSlice) float64) PairedSummary {
 		return summarizePairs(field(res.Ours, get), field(res.Peer, get))
@@ -178,6 +190,8 @@ func interleave(ctx context.Context, ours, peer *runner, rounds int, slice time.
 	res.P99AtRateUS = pair(func(s InterleaveSlice) float64 { return s.P99AtRateUS })
 	res.Gbps1Stream = pair(func(s InterleaveSlice) float64 { return s.Gbps1Stream })
 	res.CPUSecPerGB = pair(func(s InterleaveSlice) float64 { return s.CPUSecPerGB })
+	res.HOLP50US = pair(func(s InterleaveSlice) float64 { return s.HOLP50US })
+	res.HOLP99US = pair(func(s InterleaveSlice) float64 { return s.HOLP99US })
 	return res, nil
 }
 
@@ -194,7 +208,7 @@ func interleaveLine(r *InterleaveResult, peer string) string {
 	f := func(what string, p PairedSummary, format string) string {
 		return fmt.Sprintf("%s ours "+format+", %s "+format+" (%.3f ×, higher in %d of %d)", what, p.OursMedian, peer, p.PeerMedian, p.RatioMedian, p.PeerHigher, p.Rounds)
 	}
-	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s; %s; %s; %s",
+	return fmt.Sprintf("interleaved %s, %d rounds of %g s slices (medians of rounds; ratio %s/ours): %s; %s; %s; %s; %s; %s; %s; %s; %s",
 		r.ScenarioName, r.Rounds, r.SliceSeconds, peer,
 		f("conn/s", r.ConnPerS, "%.0f"),
 		f("CPU µs per connection (both nodes)", r.CPUPerConnUS, "%.0f"),
@@ -202,5 +216,7 @@ func interleaveLine(r *InterleaveResult, peer string) string {
 		f(fmt.Sprintf("p50 µs at %d rps", r.Rate), r.P50AtRateUS, "%.0f"),
 		f(fmt.Sprintf("p99 µs at %d rps", r.Rate), r.P99AtRateUS, "%.0f"),
 		f("1 stream Gbit/s", r.Gbps1Stream, "%.2f"),
-		f("CPU s per GB on it (both nodes)", r.CPUSecPerGB, "%.2f"))
+		f("CPU s per GB on it (both nodes)", r.CPUSecPerGB, "%.2f"),
+		f(fmt.Sprintf("p50 µs at %d rps beside a full-rate stream", r.Rate), r.HOLP50US, "%.0f"),
+		f("its p99 µs", r.HOLP99US, "%.0f"))
 }

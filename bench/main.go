@@ -169,7 +169,7 @@ func parseFlags(args []string) (config, error) {
 	mixed := fs.String("mixed", "", "with -peer: also run hbone-cross-node with one node this tree's ztunnel and the other the peer, both ways round (interop); the value is a plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem) holding the root the peer's FAKE_CA signs with")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "comma-separated measurements each scenario runs; the others' figures stay zero and their targets \"not measured\"")
 	idle := fs.Int("idle-conns", 0, "idle connections for the memory-per-connection figure (default 10000, 2000 with -quick)")
-	inter := fs.Int("interleave", 0, "with -peer: after the scenarios, this many rounds on hbone-cross-node alternating between ours and the peer (2 s of the connection loop, 2 s of 1000 rps and 2 s of one bulk stream, each side), reported as paired ratios (an A/B of two builds in one run)")
+	inter := fs.Int("interleave", 0, "with -peer: after the scenarios, this many rounds on hbone-cross-node alternating between ours and the peer (2 s of the connection loop, 2 s of 1000 rps, 2 s of one bulk stream and 2 s of 1000 rps beside a full-rate one, each side), reported as paired ratios (an A/B of two builds in one run)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

@@ -29,7 +29,7 @@ type Results struct {
 	// the peer on the other; Ztunnel is "<client side>→<server side>".
 	MixedScenarios []ScenarioResult `json:"mixed_scenarios,omitempty"`
 	PeerTargets    []Target         `json:"peer_targets,omitempty"`
-	// Interleave (-interleave): paired rounds (connection loop, 1000 rps), ours and the peer.
+	// Interleave (-interleave): paired rounds (connection loop, 1000 rps, one stream, 1000 rps beside a full-rate one), ours and the peer.
 	Interleave *InterleaveResult `json:"interleave,omitempty"`
 	Profiles   []string          `json:"profiles,omitempty"`
 	Notes      []string          `json:"notes"`

@@ -68,9 +68,11 @@ func setWorkerThreads(environ []string, configured int, log *slog.Logger) (int, 
 // the exception that pays: one bulk stream keeps one P 50–75 % busy, yet
 // its goroutines hand the data on to one another and a second P only
 // moves each hand-off to another thread (bench -interleave, this policy
-// against CPU use alone, both ways round: one stream 1.06 × and 1.12 ×,
-// faster in 32 of 40 rounds, at 0.97 × and 0.92 × the CPU per GB;
-// connections per second and the 1000 rps figures unchanged).
+// against CPU use alone, four runs of 20 rounds, two each way round: one
+// stream 1.035–1.115 ×, faster in 62 of 80 rounds, at 0.905–0.988 × the
+// CPU per GB; connections per second 1.02–1.05 × (56 of 80); requests
+// beside a full-rate stream lower at the p50 in 28 of 40 rounds; the 1000
+// rps figures unchanged).
 //
 // An idle process gives Ps back after a second; a lone connection's load
 // that fits in fewer does too, and when goroutines then queue at once the

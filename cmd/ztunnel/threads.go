@@ -61,10 +61,11 @@ func setWorkerThreads(environ []string, configured int, log *slog.Logger) (int, 
 // And a busy P with other connections open: a goroutine that a socket
 // made ready waits for the runtime to poll the network, which a busy P
 // does only when it runs out of work or sysmon's 10 ms poll comes round.
-// Requests beside a full-rate copy waited 4.3–10 ms at the p50 on one P
-// against 2.4–4.3 on two, though few goroutines ever sat runnable (the
-// waits read 0.1–2.3), so over half a core used with more than one
-// connection open brings the second P as before. A lone connection is
+// Requests beside a full-rate copy waited 8.2–10.3 ms at the p50 on a
+// fixed single P against 3.4–7.5 ms with the second P (2026-12-08), though
+// few goroutines ever sat runnable (the waits read 0.1–2.3), so over half
+// a core used with more than one connection open brings the second P as
+// before. A lone connection is
 // the exception that pays: one bulk stream keeps one P 50–75 % busy, yet
 // its goroutines hand the data on to one another and a second P only
 // moves each hand-off to another thread (bench -interleave, this policy

@@ -28,7 +28,7 @@ func (a *app) startDedicated(ctx context.Context) error {
 		TrustDomain: a.cfg.TrustDomain,
 		Network:     a.cfg.Network,
 		ClusterID:   a.cfg.ClusterID,
-		Metrics:     a.proxyMetrics(),
+		Metrics:     a.metrics,
 		Registerer:  a.reg,
 		Workers:     a.setup,
 		Logger:      a.levels.Logger("access"),
@@ -87,12 +87,4 @@ func (a *app) newPool(dial func(ctx context.Context, network, addr string) (net.
 		Logger:            a.levels.Logger("pool"),
 		Registerer:        a.reg,
 	})
-}
-
-// proxyMetrics are shared by every proxy (one per pod in shared mode).
-func (a *app) proxyMetrics() *proxy.Metrics {
-	if a.metrics == nil {
-		a.metrics = proxy.NewMetrics(a.reg)
-	}
-	return a.metrics
 }

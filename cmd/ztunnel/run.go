@@ -35,9 +35,9 @@ type app struct {
 	stats  *admin.Stats
 	ready  *admin.Readiness
 
-	trimmer *textTrimmer // drops cold text pages (memory.go)
-	metrics *proxy.Metrics
-	dns     *dns.Resolver // nil when ISTIO_META_DNS_CAPTURE is off
+	trimmer *textTrimmer   // drops cold text pages (memory.go)
+	metrics *proxy.Metrics // shared by every proxy (one per pod in shared mode) and read by procScaler
+	dns     *dns.Resolver  // nil when ISTIO_META_DNS_CAPTURE is off
 	quitCh  chan struct{}
 	// runCtx ends when shutdown starts; background work started by the
 	// app (cert fetches for readiness) watches it.
@@ -73,7 +73,7 @@ func run(ctx context.Context, environ []string, logOut io.Writer) error {
 	}
 	setMemoryLimit(environ, a.log)
 	if n, scaled := setWorkerThreads(environ, cfg.WorkerThreads, a.log); scaled {
-		go newProcScaler(n, a.proxyMetrics().Live, a.log).run(a.runCtx)
+		go newProcScaler(n, a.metrics.Live, a.log).run(a.runCtx)
 	}
 	// Start-up is done: drop the code pages only it needed (memory.go).
 	a.trimmer.trim()
@@ -114,8 +114,8 @@ func start(ctx context.Context, cfg *config.Config, logOut io.Writer) (*app, err
 	if err != nil {
 		return nil, err
 	}
-	a := &app{cfg: cfg, levels: levels, log: levels.Logger("ztunnel"), reg: prometheus.NewRegistry()}
-	a.proxyMetrics() // before anything that may start a proxy, or read it (procScaler)
+	reg := prometheus.NewRegistry()
+	a := &app{cfg: cfg, levels: levels, log: levels.Logger("ztunnel"), reg: reg, metrics: proxy.NewMetrics(reg)}
 	a.runCtx, a.runCancel = context.WithCancel(context.Background())
 	a.setup = workers.New(a.runCtx, keptSetupWorkers)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -92,7 +92,7 @@ func (s *podServer) StartPod(ctx context.Context, uid string, info inpod.Workloa
 		TrustDomain:           a.cfg.TrustDomain,
 		Network:               a.cfg.Network,
 		ClusterID:             a.cfg.ClusterID,
-		Metrics:               a.proxyMetrics(),
+		Metrics:               a.metrics,
 		Registerer:            a.reg,
 		Workers:               a.setup,
 		Logger:                a.levels.Logger("access").With("pod", info.Namespace+"/"+info.Name),
